@@ -1,0 +1,110 @@
+//! `mlaserve`: the command-line entry point.
+//!
+//! Every command accepts `--trace GLOB[:N]` (or `MLASERVE_TRACE`) and `--dump DIR`, which turn
+//! on the model's named tensor probes (see `mlaserve_model::probe`).
+
+mod cmd;
+mod npy;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use mlaserve_model::{AttentionPath, LoadOptions, Model};
+use std::path::{Path, PathBuf};
+
+#[derive(Parser)]
+#[command(name = "mlaserve", version, about = "Inference engine and OpenAI-compatible server for MLA models (DeepSeek-V2/V3, GLM-5)")]
+struct Cli {
+    /// Print one line per hit of the matching probes (e.g. `L0.mla.*:4`, `*attn_out`).
+    #[arg(long, global = true, env = "MLASERVE_TRACE")]
+    trace: Option<String>,
+    /// Write the probes matching --dump-glob as safetensors (one file per step and rank) to DIR.
+    #[arg(long, global = true)]
+    dump: Option<PathBuf>,
+    /// Which probes --dump writes.
+    #[arg(long, global = true, default_value = "*")]
+    dump_glob: String,
+    #[command(subcommand)]
+    cmd: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show a GGUF file: metadata, tensors, the derived model config and warnings.
+    Inspect { file: PathBuf },
+    /// Write float32 logits [tokens, vocab] of a token sequence as .npy.
+    Logits {
+        #[arg(long)]
+        model: PathBuf,
+        /// Comma-separated token ids.
+        #[arg(long)]
+        tokens: String,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value = "auto")]
+        attention_path: AttentionPath,
+        /// Feed the sequence N tokens at a time (chunked prefill over the cached context).
+        #[arg(long, default_value_t = 0)]
+        prefill_chunk: usize,
+    },
+    /// Benchmark prompt processing and generation (llama-bench style).
+    Bench {
+        #[arg(long)]
+        model: Option<PathBuf>,
+        #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+        n_prompt: usize,
+        #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+        n_gen: usize,
+        #[arg(short = 'r', long, default_value_t = 5)]
+        reps: usize,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The bundled default model, used when a command gets no --model.
+pub fn default_model() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/default.gguf");
+    p.canonicalize().unwrap_or(p)
+}
+
+fn load(path: Option<&Path>) -> Result<Model> {
+    let path = path.map(Path::to_path_buf).unwrap_or_else(default_model);
+    let t0 = std::time::Instant::now();
+    let model = Model::load(&path, &LoadOptions::default()).with_context(|| format!("loading {}", path.display()))?;
+    for w in &model.config().warnings {
+        tracing::warn!("{w}");
+    }
+    tracing::info!("loaded {} in {:.2}s", path.display(), t0.elapsed().as_secs_f64());
+    Ok(model)
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("MLASERVE_LOG").unwrap_or_else(|_| "info".into()))
+        .init();
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let dump = cli.dump.clone().map(|d| (d, cli.dump_glob.as_str()));
+    if cli.trace.is_some() || dump.is_some() {
+        mlaserve_model::probe::configure(cli.trace.as_deref(), dump);
+    }
+    match cli.cmd {
+        Command::Inspect { file } => cmd::inspect::run(&file),
+        Command::Logits { model, tokens, out, attention_path, prefill_chunk } => {
+            let tokens = cmd::logits::parse_tokens(&tokens)?;
+            let m = load(Some(&model))?;
+            cmd::logits::run(&m, &tokens, attention_path, prefill_chunk, &out)
+        }
+        Command::Bench { model, n_prompt, n_gen, reps, json } => {
+            let m = load(model.as_deref())?;
+            cmd::bench::run(&m, n_prompt, n_gen, reps.max(1), json)
+        }
+    }
+}

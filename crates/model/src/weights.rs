@@ -1,0 +1,270 @@
+//! Model weights: the GGUF/HF tensor set of DeepSeek-V2/V3 and GLM-5, loaded and checked.
+//!
+//! Invariants: every matrix is [out_features, in_features] in its stored ggml type; norms and
+//! router weights are f32. `kv_b` arrives either as legacy `attn_kv_b` ([N*(P+V), L], per head
+//! `[K_nope rows | V rows]`) or split `attn_k_b` ([N, L, P], i.e. K transposed) + `attn_v_b`
+//! ([N, V, L]); both become the same per-head f32 matrices:
+//! - `w_uk`  [N*P, L]: k_nope_h = w_uk_h · kv_c           (unabsorbed path)
+//! - `w_uk_t`[N*L, P]: q_lat_h  = w_uk_t_h · q_nope_h     (absorbed path, "W_UK")
+//! - `w_uv`  [N*V, L]: v_h = w_uv_h · kv_c, out_h = w_uv_h · o_lat ("W_UV", both paths)
+//!
+//! MTP/nextn layers (index >= num_layers) are never read.
+
+use crate::config::{Gating, ModelConfig};
+use crate::error::ModelError;
+use crate::source::{ExpertProj, Source};
+use mlaserve_backend::QMatrix;
+
+/// SwiGLU feed-forward: down(silu(gate x) * up x).
+pub struct Mlp {
+    /// [F, H]
+    pub gate: QMatrix,
+    /// [F, H]
+    pub up: QMatrix,
+    /// [H, F]
+    pub down: QMatrix,
+}
+
+/// Routed experts plus optional shared experts.
+pub struct Moe {
+    /// [E, H] router, f32.
+    pub router: QMatrix,
+    /// [E] selection-only correction bias.
+    pub correction_bias: Option<Vec<f32>>,
+    pub experts: Vec<Mlp>,
+    pub shared: Option<Mlp>,
+}
+
+/// The FFN of one layer.
+pub enum Ffn {
+    Dense(Mlp),
+    Moe(Moe),
+}
+
+/// MLA projections of one layer.
+pub struct MlaWeights {
+    /// [Lq, H] (None: plain q_proj)
+    pub q_a: Option<QMatrix>,
+    /// [Lq]
+    pub q_a_norm: Option<Vec<f32>>,
+    /// [N*(P+R), Lq or H]
+    pub q_b: QMatrix,
+    /// [L+R, H]
+    pub kv_a: QMatrix,
+    /// [L]
+    pub kv_a_norm: Vec<f32>,
+    /// [N*P, L]
+    pub w_uk: QMatrix,
+    /// [N*L, P]
+    pub w_uk_t: QMatrix,
+    /// [N*V, L]
+    pub w_uv: QMatrix,
+    /// [H, N*V]
+    pub o_proj: QMatrix,
+}
+
+/// GLM-5 DSA lightning indexer of one layer.
+pub struct IndexerWeights {
+    /// [Hi*D, Lq]
+    pub wq_b: QMatrix,
+    /// [D, H]
+    pub wk: QMatrix,
+    /// [D] LayerNorm weight and bias (eps 1e-6).
+    pub k_norm_w: Vec<f32>,
+    pub k_norm_b: Vec<f32>,
+    /// [Hi, H]
+    pub proj: QMatrix,
+}
+
+/// One decoder layer.
+pub struct Layer {
+    pub attn_norm: Vec<f32>,
+    pub mla: MlaWeights,
+    pub indexer: Option<IndexerWeights>,
+    pub ffn_norm: Vec<f32>,
+    pub ffn: Ffn,
+}
+
+/// All weights of a model.
+pub struct Weights {
+    /// [vocab, H]
+    pub embed: QMatrix,
+    pub layers: Vec<Layer>,
+    /// [H]
+    pub output_norm: Vec<f32>,
+    /// [vocab, H]
+    pub lm_head: QMatrix,
+}
+
+/// Reads tensors from a [`Source`], optionally dequantizing every matrix to f32.
+struct Loader<'a> {
+    src: &'a Source,
+    dequantize: bool,
+}
+
+impl Loader<'_> {
+    fn fix(&self, m: QMatrix) -> QMatrix {
+        if self.dequantize && m.ty != mlaserve_gguf::GgmlType::F32 {
+            QMatrix::from_f32(m.rows, m.cols, m.to_f32())
+        } else {
+            m
+        }
+    }
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<QMatrix, ModelError> {
+        Ok(self.fix(self.src.matrix(name, rows, cols)?))
+    }
+    fn expert(&self, layer: usize, proj: ExpertProj, e: usize, n: usize, rows: usize, cols: usize) -> Result<QMatrix, ModelError> {
+        Ok(self.fix(self.src.expert(layer, proj, e, n, rows, cols)?))
+    }
+    fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+        self.src.f32(name, shape)
+    }
+    fn has(&self, name: &str) -> bool {
+        self.src.has(name)
+    }
+    fn name(&self) -> String {
+        self.src.name()
+    }
+}
+
+fn mlp(src: &Loader, prefix: &str, suffix: &str, h: usize, f: usize) -> Result<Mlp, ModelError> {
+    Ok(Mlp {
+        gate: src.matrix(&format!("{prefix}.ffn_gate{suffix}.weight"), f, h)?,
+        up: src.matrix(&format!("{prefix}.ffn_up{suffix}.weight"), f, h)?,
+        down: src.matrix(&format!("{prefix}.ffn_down{suffix}.weight"), h, f)?,
+    })
+}
+
+/// Per-head absorbed matrices from either kv_b layout.
+fn kv_b(src: &Loader, cfg: &ModelConfig, i: usize) -> Result<(QMatrix, QMatrix, QMatrix), ModelError> {
+    let (n, p, v, l) = (cfg.num_heads, cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank);
+    let mut w_uk = vec![0f32; n * p * l];
+    let mut w_uv = vec![0f32; n * v * l];
+    let legacy = format!("blk.{i}.attn_kv_b.weight");
+    if src.has(&legacy) {
+        // [N*(P+V), L], per head [K_nope (P rows) | V (V rows)].
+        let kvb = src.f32(&legacy, &[n * (p + v), l])?;
+        for h in 0..n {
+            let base = h * (p + v) * l;
+            w_uk[h * p * l..(h + 1) * p * l].copy_from_slice(&kvb[base..base + p * l]);
+            w_uv[h * v * l..(h + 1) * v * l].copy_from_slice(&kvb[base + p * l..base + (p + v) * l]);
+        }
+    } else {
+        // attn_k_b [N, L, P]: k_b[h, l, p] = W_UK_h[p, l]. attn_v_b [N, V, L] = W_UV_h.
+        let kb = src.f32(&format!("blk.{i}.attn_k_b.weight"), &[n, l, p])?;
+        for h in 0..n {
+            for li in 0..l {
+                for pi in 0..p {
+                    w_uk[(h * p + pi) * l + li] = kb[(h * l + li) * p + pi];
+                }
+            }
+        }
+        w_uv = src.f32(&format!("blk.{i}.attn_v_b.weight"), &[n, v, l])?;
+    }
+    let mut w_uk_t = vec![0f32; n * l * p];
+    for h in 0..n {
+        for pi in 0..p {
+            for li in 0..l {
+                w_uk_t[(h * l + li) * p + pi] = w_uk[(h * p + pi) * l + li];
+            }
+        }
+    }
+    Ok((
+        QMatrix::from_f32(n * p, l, w_uk),
+        QMatrix::from_f32(n * l, p, w_uk_t),
+        QMatrix::from_f32(n * v, l, w_uv),
+    ))
+}
+
+impl Weights {
+    /// Load and shape-check every tensor the config calls for. With `dequantize`, every matrix
+    /// is converted to f32 (activations then stay f32 too: the exact-arithmetic reading of a
+    /// quantized file, used to separate quantization error from logic errors).
+    pub fn load(src: &Source, cfg: &ModelConfig, dequantize: bool) -> Result<Self, ModelError> {
+        let src = &Loader { src, dequantize };
+        let h = cfg.hidden_size;
+        let (n, r, v) = (cfg.num_heads, cfg.qk_rope_head_dim, cfg.v_head_dim);
+        let qk = cfg.qk_head_dim();
+        let l = cfg.kv_lora_rank;
+        let embed = src.matrix("token_embd.weight", cfg.vocab_size, h)?;
+        let lm_head = if src.has("output.weight") {
+            src.matrix("output.weight", cfg.vocab_size, h)?
+        } else {
+            embed.clone()
+        };
+        let output_norm = src.f32("output_norm.weight", &[h])?;
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for i in 0..cfg.num_layers {
+            let b = format!("blk.{i}");
+            let (q_a, q_a_norm, q_b) = match cfg.q_lora_rank {
+                Some(lq) => (
+                    Some(src.matrix(&format!("{b}.attn_q_a.weight"), lq, h)?),
+                    Some(src.f32(&format!("{b}.attn_q_a_norm.weight"), &[lq])?),
+                    src.matrix(&format!("{b}.attn_q_b.weight"), n * qk, lq)?,
+                ),
+                None => (None, None, src.matrix(&format!("{b}.attn_q.weight"), n * qk, h)?),
+            };
+            let (w_uk, w_uk_t, w_uv) = kv_b(src, cfg, i)?;
+            let mla = MlaWeights {
+                q_a,
+                q_a_norm,
+                q_b,
+                kv_a: src.matrix(&format!("{b}.attn_kv_a_mqa.weight"), l + r, h)?,
+                kv_a_norm: src.f32(&format!("{b}.attn_kv_a_norm.weight"), &[l])?,
+                w_uk,
+                w_uk_t,
+                w_uv,
+                o_proj: src.matrix(&format!("{b}.attn_output.weight"), h, n * v)?,
+            };
+            let indexer = match (&cfg.indexer, cfg.q_lora_rank) {
+                (Some(ix), Some(lq)) => Some(IndexerWeights {
+                    wq_b: src.matrix(&format!("{b}.indexer.attn_q_b.weight"), ix.num_heads * ix.head_dim, lq)?,
+                    wk: src.matrix(&format!("{b}.indexer.attn_k.weight"), ix.head_dim, h)?,
+                    k_norm_w: src.f32(&format!("{b}.indexer.k_norm.weight"), &[ix.head_dim])?,
+                    k_norm_b: src.f32(&format!("{b}.indexer.k_norm.bias"), &[ix.head_dim])?,
+                    proj: src.matrix(&format!("{b}.indexer.proj.weight"), ix.num_heads, h)?,
+                }),
+                _ => None,
+            };
+            let ffn = match &cfg.moe {
+                Some(m) if cfg.is_moe_layer(i) => {
+                    let e = m.num_experts;
+                    let f = m.moe_intermediate_size;
+                    let router = QMatrix::from_f32(e, h, src.f32(&format!("{b}.ffn_gate_inp.weight"), &[e, h])?);
+                    let bias_name = format!("{b}.exp_probs_b.bias");
+                    let correction_bias = if src.has(&bias_name) { Some(src.f32(&bias_name, &[e])?) } else { None };
+                    if m.gating == Gating::Sigmoid && correction_bias.is_none() && m.has_correction_bias {
+                        return Err(ModelError::Tensor {
+                            source_name: src.name(),
+                            tensor: bias_name,
+                            msg: "sigmoid (noaux_tc) routing needs the correction bias".into(),
+                        });
+                    }
+                    let mut experts = Vec::with_capacity(e);
+                    for x in 0..e {
+                        experts.push(Mlp {
+                            gate: src.expert(i, ExpertProj::Gate, x, e, f, h)?,
+                            up: src.expert(i, ExpertProj::Up, x, e, f, h)?,
+                            down: src.expert(i, ExpertProj::Down, x, e, h, f)?,
+                        });
+                    }
+                    let shared = if m.num_shared_experts > 0 {
+                        Some(mlp(src, &b, "_shexp", h, f * m.num_shared_experts)?)
+                    } else {
+                        None
+                    };
+                    Ffn::Moe(Moe { router, correction_bias, experts, shared })
+                }
+                _ => Ffn::Dense(mlp(src, &b, "", h, cfg.intermediate_size)?),
+            };
+            layers.push(Layer {
+                attn_norm: src.f32(&format!("{b}.attn_norm.weight"), &[h])?,
+                mla,
+                indexer,
+                ffn_norm: src.f32(&format!("{b}.ffn_norm.weight"), &[h])?,
+                ffn,
+            });
+        }
+        Ok(Weights { embed, layers, output_norm, lm_head })
+    }
+}

@@ -46,6 +46,19 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         prefill_chunk: usize,
     },
+    /// Check a model file: metadata, the three attention paths against each other, norms layer
+    /// by layer, and (with --reference) the first probe that departs from an HF dump.
+    Doctor {
+        model: PathBuf,
+        /// A safetensors dump from tools/hf_dump.py (or --dump) with a `tokens` tensor.
+        #[arg(long)]
+        reference: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+        /// Also print informational findings.
+        #[arg(short, long)]
+        verbose: bool,
+    },
     /// Benchmark prompt processing and generation (llama-bench style).
     Bench {
         #[arg(long)]
@@ -101,6 +114,12 @@ fn run(cli: Cli) -> Result<()> {
             let tokens = cmd::logits::parse_tokens(&tokens)?;
             let m = load(Some(&model))?;
             cmd::logits::run(&m, &tokens, attention_path, prefill_chunk, &out)
+        }
+        Command::Doctor { model, reference, json, verbose } => {
+            if !cmd::doctor::run(&model, reference.as_deref(), json, verbose)? {
+                std::process::exit(1);
+            }
+            Ok(())
         }
         Command::Bench { model, n_prompt, n_gen, reps, json } => {
             let m = load(model.as_deref())?;

@@ -6,6 +6,7 @@
 //! other backend is checked against.
 
 pub mod config;
+pub mod doctor;
 pub mod dump;
 pub mod error;
 pub mod forward_batch;

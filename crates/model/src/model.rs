@@ -68,6 +68,11 @@ impl Model {
         }
     }
 
+    /// The loaded weights (doctor reads W_UV to judge attention-output norms).
+    pub fn weights(&self) -> &Weights {
+        &self.weights
+    }
+
     pub fn source_path(&self) -> &Path {
         &self.path
     }

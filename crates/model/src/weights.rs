@@ -177,6 +177,13 @@ fn kv_b(src: &Loader, cfg: &ModelConfig, i: usize) -> Result<(QMatrix, QMatrix, 
 }
 
 impl Weights {
+    /// Whether any matrix is stored in a type other than F32 (activations then get rounded).
+    pub fn has_quantized(&self) -> bool {
+        use mlaserve_gguf::GgmlType::F32;
+        let mla = |m: &MlaWeights| m.q_b.ty != F32 || m.kv_a.ty != F32 || m.o_proj.ty != F32;
+        self.embed.ty != F32 || self.lm_head.ty != F32 || self.layers.iter().any(|l| mla(&l.mla))
+    }
+
     /// Load and shape-check every tensor the config calls for. With `dequantize`, every matrix
     /// is converted to f32 (activations then stay f32 too: the exact-arithmetic reading of a
     /// quantized file, used to separate quantization error from logic errors).

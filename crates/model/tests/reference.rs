@@ -9,7 +9,8 @@
 //! - BF16 and Q8_0 GGUF as served (activations rounded to bf16 / quantized per row to Q8_0
 //!   before each matmul, as llama.cpp does; HF does neither): that rounding alone can flip a
 //!   routing or DSA top-k decision, so the bound is statistical: argmax agreement on >= 75% of
-//!   positions and a median row error <= 2e-2 (BF16) / 5e-2 (Q8_0).
+//!   positions (60% for the Q4_K_M mix) and a median row error <= 2e-2 (BF16) / 5e-2 (Q8_0) /
+//!   1e-1 (Q4_K_M).
 
 mod common;
 use common::*;
@@ -51,7 +52,7 @@ fn legacy_kv_b_layout_matches_hf() {
     check_variant("deepseek_v3", "deepseek_v3-legacy-f32.gguf", "f32", 1e-4);
 }
 
-fn check_served(model: &str, file: &str, variant: &str, median_tol: f32) {
+fn check_served(model: &str, file: &str, variant: &str, min_agree: f32, median_tol: f32) {
     let m = load(model, file);
     let r = Reference::load(model);
     let vocab = m.config().vocab_size;
@@ -60,7 +61,7 @@ fn check_served(model: &str, file: &str, variant: &str, median_tol: f32) {
         let got = score(&m, &ids, AttentionPath::Auto, 0).unwrap();
         let (agree, median) = agreement(&got, &r.logits[&format!("{variant}.{name}")], vocab);
         eprintln!("{model}/{file} {name}: argmax agreement {agree:.3}, median rel err {median:.3e}");
-        assert!(agree >= 0.75 && median <= median_tol, "{model}/{file} {name}: agreement {agree}, median {median:.3e}");
+        assert!(agree >= min_agree && median <= median_tol, "{model}/{file} {name}: agreement {agree}, median {median:.3e}");
     }
 }
 
@@ -71,14 +72,18 @@ fn quantized_files_dequantized_match_their_references() {
         check_variant_with(m, &format!("{m}-bf16.gguf"), "bf16", 1e-4, &opts);
         check_variant_with(m, &format!("{m}-q8_0.gguf"), "q8_0", 1e-4, &opts);
     }
+    // K-quant mix (Q4_K/Q5_0/Q5_1/Q8_0/F16 per tensor, by llama-quantize Q4_K_M).
+    check_variant_with("glm_moe_dsa", "glm_moe_dsa-q4_k_m.gguf", "q4_k_m", 1e-4, &opts);
 }
 
 #[test]
 fn quantized_files_as_served_stay_close() {
     for m in MODELS {
-        check_served(m, &format!("{m}-bf16.gguf"), "bf16", 2e-2);
-        check_served(m, &format!("{m}-q8_0.gguf"), "q8_0", 5e-2);
+        check_served(m, &format!("{m}-bf16.gguf"), "bf16", 0.75, 2e-2);
+        check_served(m, &format!("{m}-q8_0.gguf"), "q8_0", 0.75, 5e-2);
     }
+    // llama.cpp on this file: 84-95% agreement, median 6e-2..8e-2 (tests/fixtures/models/README.md).
+    check_served("glm_moe_dsa", "glm_moe_dsa-q4_k_m.gguf", "q4_k_m", 0.6, 1e-1);
 }
 
 #[test]

@@ -1,4 +1,5 @@
 //! One module per subcommand.
 pub mod bench;
+pub mod doctor;
 pub mod inspect;
 pub mod logits;

@@ -4,6 +4,7 @@
 //! on the model's named tensor probes (see `mlaserve_model::probe`).
 
 mod cmd;
+mod engine_args;
 mod npy;
 
 use anyhow::{Context, Result};
@@ -29,6 +30,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /metrics).
+    Serve(cmd::serve::ServeArgs),
+    /// Generate from prompts, batched through the engine (greedy unless --temperature > 0).
+    Generate(cmd::generate::GenerateArgs),
+    /// Chat interactively (streaming; the conversation is kept).
+    Chat(cmd::chat::ChatArgs),
     /// Show a GGUF file: metadata, tensors, the derived model config and warnings.
     Inspect { file: PathBuf },
     /// Write float32 logits [tokens, vocab] of a token sequence as .npy.
@@ -109,6 +116,9 @@ fn run(cli: Cli) -> Result<()> {
         mlaserve_model::probe::configure(cli.trace.as_deref(), dump);
     }
     match cli.cmd {
+        Command::Serve(a) => cmd::serve::run(a),
+        Command::Generate(a) => cmd::generate::run(a),
+        Command::Chat(a) => cmd::chat::run(a),
         Command::Inspect { file } => cmd::inspect::run(&file),
         Command::Logits { model, tokens, out, attention_path, prefill_chunk } => {
             let tokens = cmd::logits::parse_tokens(&tokens)?;

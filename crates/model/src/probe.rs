@@ -6,21 +6,27 @@
 //! - a trace line goes straight to stderr with one `write_all` (stderr is unbuffered), so it
 //!   survives a crash that follows it; every line carries the rank;
 //! - only the first N hits of each matching probe name print (N = 8 by default);
-//! - captured records keep the tensor, its shape, the attention path and the token positions.
+//! - captured records keep the tensor, its shape, the attention path and the token positions;
+//! - an in-process capture (`start_capture`) belongs to the calling thread, so concurrent
+//!   captures (tests, several doctors) never see each other's records. Probes fire on the thread
+//!   that called `Model::forward`.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// Threads with an in-process capture running.
+static CAPTURES: AtomicUsize = AtomicUsize::new(0);
 static STEP: AtomicU64 = AtomicU64::new(0);
 
 thread_local! {
     static RANK: Cell<usize> = const { Cell::new(0) };
     static POSITIONS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    static CAPTURE: RefCell<Option<(Vec<String>, Vec<Record>)>> = const { RefCell::new(None) };
 }
 
 /// Which attention formulation produced a tensor.
@@ -148,29 +154,32 @@ pub fn configure(trace: Option<&str>, dump: Option<(PathBuf, &str)>) {
     ACTIVE.store(on, Ordering::Release);
 }
 
-/// Start capturing matching probes in memory (for `doctor`); returns what was captured before.
+/// Start capturing matching probes of this thread in memory (for `doctor` and tests).
 pub fn start_capture(glob: &str) {
-    let mut g = STATE.lock().unwrap_or_else(|e| e.into_inner());
-    let st = g.get_or_insert_with(State::default);
-    st.capture = parse_spec(glob).0;
-    st.records.clear();
-    ACTIVE.store(true, Ordering::Release);
+    CAPTURE.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.is_none() {
+            CAPTURES.fetch_add(1, Ordering::AcqRel);
+        }
+        *c = Some((parse_spec(glob).0, Vec::new()));
+    });
 }
 
-/// Stop capturing and take the records.
+/// Stop this thread's capture and take its records.
 pub fn take_capture() -> Vec<Record> {
-    let mut g = STATE.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(st) = g.as_mut() else { return Vec::new() };
-    st.capture.clear();
-    let on = !st.trace.is_empty();
-    ACTIVE.store(on, Ordering::Release);
-    std::mem::take(&mut st.records)
+    CAPTURE.with(|c| match c.borrow_mut().take() {
+        Some((_, records)) => {
+            CAPTURES.fetch_sub(1, Ordering::AcqRel);
+            records
+        }
+        None => Vec::new(),
+    })
 }
 
 /// Whether any probe is live.
 #[inline]
 pub fn active() -> bool {
-    ACTIVE.load(Ordering::Relaxed)
+    ACTIVE.load(Ordering::Relaxed) || CAPTURES.load(Ordering::Relaxed) > 0
 }
 
 /// Set this thread's rank (tensor-parallel workers).
@@ -211,6 +220,17 @@ fn probe_slow(layer: Option<usize>, point: &str, path: PathTag, shape: &[usize],
     };
     let step = STEP.load(Ordering::Relaxed).saturating_sub(1);
     let rank = rank();
+    let positions = || POSITIONS.with(|p| p.borrow().clone());
+    CAPTURE.with(|c| {
+        if let Some((globs, records)) = c.borrow_mut().as_mut() {
+            if globs.iter().any(|p| glob_match(p, &name)) {
+                records.push(Record { name: name.clone(), step, rank, path, shape: shape.to_vec(), data: data.to_vec(), positions: positions() });
+            }
+        }
+    });
+    if !ACTIVE.load(Ordering::Relaxed) {
+        return;
+    }
     let mut g = STATE.lock().unwrap_or_else(|e| e.into_inner());
     let Some(st) = g.as_mut() else { return };
     if st.trace.iter().any(|p| glob_match(p, &name)) {
@@ -231,15 +251,14 @@ fn probe_slow(layer: Option<usize>, point: &str, path: PathTag, shape: &[usize],
         }
     }
     if st.capture.iter().any(|p| glob_match(p, &name)) {
-        let positions = POSITIONS.with(|p| p.borrow().clone());
-        st.records.push(Record { name, step, rank, path, shape: shape.to_vec(), data: data.to_vec(), positions });
+        st.records.push(Record { name, step, rank, path, shape: shape.to_vec(), data: data.to_vec(), positions: positions() });
     }
 }
 
 /// At the end of a step: write captured records to the dump dir (one safetensors file per step
 /// and rank), if dumping is configured.
 pub fn end_step() -> std::io::Result<()> {
-    if !active() {
+    if !ACTIVE.load(Ordering::Relaxed) {
         return Ok(());
     }
     let mut g = STATE.lock().unwrap_or_else(|e| e.into_inner());

@@ -1,0 +1,346 @@
+//! The engine loop, on its own thread: commands in, one step at a time, events out.
+//!
+//! `step()` = schedule → run the model → sample and postprocess. Around it the loop drains
+//! the command channel (Add / Abort / Shutdown) and aborts requests whose stream was dropped
+//! (a closed channel). It blocks on the channel only when no request is live.
+//!
+//! Robustness: requests are validated before they reach this thread; a failing forward pass
+//! or an unusable logits row fails only the requests it concerns (each gets one
+//! `RequestEvent::Error`) and the loop keeps serving. After `Shutdown`, or once every
+//! handle is gone, the loop finishes every live request and exits.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+
+use mlaserve_tokenizer::{DecodeStream, Tokenizer};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::handle::Shared;
+use crate::metrics::EngineMetrics;
+use crate::model_runner::ModelRunner;
+use crate::request::{FinishReason, GenerateRequest, RequestEvent, RequestId, TokenLogprob, Usage};
+use crate::rng::Rng;
+use crate::scheduler::Scheduler;
+use crate::sequence::Sequence;
+use crate::stop::{StopMatch, StopStringMatcher};
+
+/// Messages from handles to the loop.
+pub(crate) enum Command {
+    Add {
+        id: RequestId,
+        request: GenerateRequest,
+        tx: UnboundedSender<RequestEvent>,
+    },
+    Abort(RequestId),
+    Shutdown,
+}
+
+/// The text side of one request: detokenizer, stop strings, and its event channel.
+struct OutputState {
+    tx: UnboundedSender<RequestEvent>,
+    detok: DecodeStream,
+    stop: StopStringMatcher,
+    /// Still counted in `Shared::num_queued` (never admitted yet).
+    is_queued: bool,
+}
+
+/// Everything the engine thread owns.
+pub(crate) struct EngineLoop {
+    pub shared: Arc<Shared>,
+    pub cmd_rx: Receiver<Command>,
+    pub scheduler: Scheduler,
+    pub runner: ModelRunner,
+    pub tokenizer: Arc<Tokenizer>,
+    pub max_model_len: usize,
+    pub seed_rng: Rng,
+    outputs: HashMap<RequestId, OutputState>,
+    eos_ids: Vec<u32>,
+    vocab_size: usize,
+    next_arrival: u64,
+    is_draining: bool,
+    metrics: EngineMetrics,
+}
+
+impl EngineLoop {
+    pub fn new(
+        shared: Arc<Shared>,
+        cmd_rx: Receiver<Command>,
+        scheduler: Scheduler,
+        runner: ModelRunner,
+        tokenizer: Arc<Tokenizer>,
+        max_model_len: usize,
+        seed_rng: Rng,
+    ) -> Self {
+        let vocab_size = runner.model().config().vocab_size;
+        let eos_ids = tokenizer.eos_ids().to_vec();
+        let metrics = EngineMetrics {
+            num_cache_blocks_total: scheduler.block_manager().num_total_blocks(),
+            ..Default::default()
+        };
+        Self {
+            shared,
+            cmd_rx,
+            scheduler,
+            runner,
+            tokenizer,
+            max_model_len,
+            seed_rng,
+            outputs: HashMap::new(),
+            eos_ids,
+            vocab_size,
+            next_arrival: 0,
+            is_draining: false,
+            metrics,
+        }
+    }
+
+    /// Runs until shut down (or every handle is dropped) and no request is live.
+    pub fn run(mut self) {
+        loop {
+            if !self.scheduler.has_unfinished() {
+                if self.is_draining {
+                    break;
+                }
+                self.publish_metrics();
+                match self.cmd_rx.recv() {
+                    Ok(cmd) => self.handle(cmd),
+                    Err(_) => break, // every handle dropped and nothing to finish
+                }
+            }
+            loop {
+                match self.cmd_rx.try_recv() {
+                    Ok(cmd) => self.handle(cmd),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        self.is_draining = true;
+                        break;
+                    }
+                }
+            }
+            self.abort_disconnected();
+            if self.scheduler.has_unfinished() {
+                self.step();
+            }
+            self.publish_metrics();
+        }
+        self.publish_metrics();
+        tracing::debug!("engine loop exited");
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Add { id, request, tx } => {
+                let seed = self.seed_rng.next_u64();
+                let seq = Sequence::new(
+                    id,
+                    self.next_arrival,
+                    request.prompt_tokens,
+                    request.params,
+                    seed,
+                );
+                self.next_arrival += 1;
+                let output = OutputState {
+                    tx,
+                    detok: DecodeStream::new(
+                        self.tokenizer.clone(),
+                        seq.params.skip_special_tokens,
+                    ),
+                    stop: StopStringMatcher::new(seq.params.stop.clone()),
+                    is_queued: true,
+                };
+                self.outputs.insert(id, output);
+                self.scheduler.add(seq);
+            }
+            Command::Abort(id) => {
+                if self.scheduler.seq(id).is_some() {
+                    self.finish(id, FinishReason::Abort);
+                }
+            }
+            Command::Shutdown => self.is_draining = true,
+        }
+    }
+
+    /// Aborts every request whose receiver is gone (the client went away).
+    fn abort_disconnected(&mut self) {
+        let gone: Vec<RequestId> = self
+            .outputs
+            .iter()
+            .filter(|(_, o)| o.tx.is_closed())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            self.finish(id, FinishReason::Abort);
+        }
+    }
+
+    /// schedule → run → postprocess.
+    fn step(&mut self) {
+        let out = self.scheduler.schedule();
+        for id in &out.first_admitted {
+            if let Some(o) = self.outputs.get_mut(id) {
+                if std::mem::take(&mut o.is_queued) {
+                    self.shared.num_queued.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+        }
+        if out.is_empty() {
+            // Cannot happen while one max_model_len sequence fits the cache; never spin hot.
+            tracing::warn!(
+                waiting = self.scheduler.num_waiting(),
+                "nothing schedulable this step"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            return;
+        }
+        self.metrics.num_steps += 1;
+        match self.runner.run(&out, &self.scheduler) {
+            Err(e) => {
+                tracing::error!(error = %e, "forward pass failed; failing its requests");
+                for s in &out.seqs {
+                    self.fail(s.id, format!("forward pass failed: {e}"));
+                }
+            }
+            Ok(step) => {
+                self.scheduler.complete_step(&out);
+                for (i, &id) in step.ids.iter().enumerate() {
+                    self.process_logits(id, step.row(i));
+                }
+            }
+        }
+    }
+
+    /// Samples the next token of `id`, emits its text, and finishes the request if it stops.
+    fn process_logits(&mut self, id: RequestId, logits: &[f32]) {
+        let Some(seq) = self.scheduler.seq_mut(id) else {
+            return;
+        };
+        let sampled = match seq.sample_next(logits, self.vocab_size) {
+            Ok(s) => s,
+            Err(e) => return self.fail(id, format!("sampling failed: {e}")),
+        };
+        let Some(seq) = self.scheduler.append_token(id, sampled.token_id) else {
+            return;
+        };
+        if seq.num_output_tokens() == 1 {
+            self.metrics.prompt_tokens_total += seq.prompt_len() as u64;
+        }
+        self.metrics.generation_tokens_total += 1;
+        let token_stop = seq.check_token_stop(&self.eos_ids, self.max_model_len);
+        match self.emit_text(id, sampled.token_id, token_stop, sampled.logprob) {
+            Ok(Some(reason)) => self.finish(id, reason),
+            Ok(None) => {}
+            Err(msg) => self.fail(id, msg),
+        }
+    }
+
+    /// Detokenizes, applies stop strings, sends the Token event; returns the finish reason.
+    fn emit_text(
+        &mut self,
+        id: RequestId,
+        token_id: u32,
+        token_stop: Option<FinishReason>,
+        logprob: Option<TokenLogprob>,
+    ) -> Result<Option<FinishReason>, String> {
+        let tokenizer_vocab = self.tokenizer.vocab_size();
+        let Some(o) = self.outputs.get_mut(&id) else {
+            return Ok(None);
+        };
+        let (text, reason) = if token_stop == Some(FinishReason::Stop) {
+            // EOS / stop token id: its own text is not part of the output.
+            (o.stop.flush(), Some(FinishReason::Stop))
+        } else {
+            let mut delta = String::new();
+            // Ids past the tokenizer's vocabulary (padded embedding rows) have no text.
+            if (token_id as usize) < tokenizer_vocab {
+                if let Some(d) = o
+                    .detok
+                    .step(token_id)
+                    .map_err(|e| format!("detokenization failed: {e}"))?
+                {
+                    delta = d;
+                }
+            }
+            if token_stop == Some(FinishReason::Length) {
+                delta.push_str(
+                    &o.detok
+                        .finish()
+                        .map_err(|e| format!("detokenization failed: {e}"))?,
+                );
+            }
+            match o.stop.push(&delta) {
+                StopMatch::Stopped { release } => (release, Some(FinishReason::Stop)),
+                StopMatch::Continue { mut release } if token_stop == Some(FinishReason::Length) => {
+                    release.push_str(&o.stop.flush());
+                    (release, Some(FinishReason::Length))
+                }
+                StopMatch::Continue { release } => (release, None),
+            }
+        };
+        // A closed receiver is noticed (and aborted) at the next step.
+        let _ = o.tx.send(RequestEvent::Token {
+            token_id,
+            text,
+            logprob,
+        });
+        Ok(reason)
+    }
+
+    /// Ends a request with `reason`: sends `Finished` (if anyone listens) and frees it.
+    fn finish(&mut self, id: RequestId, reason: FinishReason) {
+        let usage = self.usage(id);
+        if let Some(o) = self.outputs.get(&id) {
+            let _ = o.tx.send(RequestEvent::Finished { reason, usage });
+        }
+        match reason {
+            FinishReason::Stop => self.metrics.num_finished_stop += 1,
+            FinishReason::Length => self.metrics.num_finished_length += 1,
+            FinishReason::Abort => self.metrics.num_aborted += 1,
+        }
+        self.remove(id);
+    }
+
+    /// Ends a request with an error event and frees it.
+    fn fail(&mut self, id: RequestId, message: String) {
+        if let Some(o) = self.outputs.get(&id) {
+            let _ = o.tx.send(RequestEvent::Error(message));
+        }
+        self.metrics.num_failed += 1;
+        self.remove(id);
+    }
+
+    fn usage(&self, id: RequestId) -> Usage {
+        self.scheduler
+            .seq(id)
+            .map_or_else(Usage::default, |s| Usage {
+                prompt_tokens: s.prompt_len(),
+                completion_tokens: s.num_output_tokens(),
+                cached_prompt_tokens: s.num_cached_prompt_tokens.unwrap_or(0),
+            })
+    }
+
+    fn remove(&mut self, id: RequestId) {
+        self.scheduler.remove(id);
+        if let Some(o) = self.outputs.remove(&id) {
+            if o.is_queued {
+                self.shared.num_queued.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    fn publish_metrics(&mut self) {
+        let bm = self.scheduler.block_manager();
+        let stats = self.scheduler.prefix_cache_stats();
+        let m = &mut self.metrics;
+        m.num_running = self.scheduler.num_running();
+        m.num_waiting = self.scheduler.num_waiting();
+        m.num_cache_blocks_used = bm.num_used_blocks();
+        m.prefix_cache_queries = stats.queries;
+        m.prefix_cache_hits = stats.hits;
+        m.num_preemptions = self.scheduler.num_preemptions();
+        if let Ok(mut shared) = self.shared.metrics.lock() {
+            *shared = m.clone();
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! `ModelRunner`: owns the model and its latent cache; turns a schedule into one
+//! `ForwardBatch`, runs it, and hands back one logits row per sequence that wanted one.
+//!
+//! Invariant: the scheduler has already grown every scheduled sequence's block table to
+//! hold `context_len + num_new_tokens` positions, so the batch always validates.
+
+use std::sync::Arc;
+
+use mlaserve_model::{
+    AttentionPath, ForwardBatch, LatentCache, LogitsWanted, Model, ModelError, SeqInput,
+};
+
+use crate::request::RequestId;
+use crate::scheduler::{Scheduler, SchedulerOutput};
+
+/// The model, its cache, and the batch layout.
+pub struct ModelRunner {
+    model: Arc<Model>,
+    cache: LatentCache,
+    block_size: usize,
+    path: AttentionPath,
+}
+
+/// Logits of one step: `rows[i]` belongs to `ids[i]`.
+#[derive(Debug, Clone, Default)]
+pub struct StepLogits {
+    pub ids: Vec<RequestId>,
+    /// [ids.len(), vocab_size] row-major.
+    pub logits: Vec<f32>,
+    pub vocab_size: usize,
+}
+
+impl StepLogits {
+    /// `[vocab_size]` logits of the i-th sequence that wanted logits.
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.logits[i * self.vocab_size..(i + 1) * self.vocab_size]
+    }
+}
+
+impl ModelRunner {
+    /// Allocates a zeroed cache of `num_blocks` blocks for `model`.
+    pub fn new(model: Arc<Model>, num_blocks: usize, block_size: usize) -> Self {
+        let cache = LatentCache::new(model.config(), num_blocks, block_size);
+        let path = model.options().attention_path;
+        Self {
+            model,
+            cache,
+            block_size,
+            path,
+        }
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// Builds the step's `ForwardBatch` from the scheduled sequences, in schedule order.
+    pub fn build_batch(
+        &self,
+        out: &SchedulerOutput,
+        scheduler: &Scheduler,
+    ) -> Result<(ForwardBatch, Vec<RequestId>), ModelError> {
+        let mut seqs = Vec::with_capacity(out.seqs.len());
+        let mut wanted = Vec::new();
+        for s in &out.seqs {
+            let seq = scheduler.seq(s.id).ok_or_else(|| {
+                ModelError::Batch(format!("scheduled request {} is not live", s.id))
+            })?;
+            let end = s.context_len + s.num_new_tokens;
+            let tokens = seq.token_ids().get(s.context_len..end).ok_or_else(|| {
+                ModelError::Batch(format!(
+                    "request {}: tokens {}..{end} past its {}",
+                    s.id,
+                    s.context_len,
+                    seq.num_tokens()
+                ))
+            })?;
+            let logits = if s.wants_logits {
+                wanted.push(s.id);
+                LogitsWanted::Last
+            } else {
+                LogitsWanted::None
+            };
+            seqs.push(SeqInput {
+                tokens: tokens.to_vec(),
+                context_len: s.context_len,
+                block_table: seq.block_table.blocks().to_vec(),
+                logits,
+            });
+        }
+        Ok((ForwardBatch::new(seqs, self.block_size, self.path)?, wanted))
+    }
+
+    /// Runs one step. A panic inside the model is caught and reported as an error, so the
+    /// engine can fail the step's requests and keep serving.
+    pub fn run(
+        &mut self,
+        out: &SchedulerOutput,
+        scheduler: &Scheduler,
+    ) -> Result<StepLogits, ModelError> {
+        let (batch, ids) = self.build_batch(out, scheduler)?;
+        let vocab_size = self.model.config().vocab_size;
+        let (model, cache) = (&self.model, &mut self.cache);
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            model.forward(&batch, cache)
+        }));
+        let logits = match result {
+            Ok(r) => r?,
+            Err(panic) => {
+                let msg = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                return Err(ModelError::Batch(format!("forward pass panicked: {msg}")));
+            }
+        };
+        if logits.len() != ids.len() * vocab_size {
+            return Err(ModelError::Batch(format!(
+                "forward returned {} logits, expected {} rows of {vocab_size}",
+                logits.len(),
+                ids.len()
+            )));
+        }
+        Ok(StepLogits {
+            ids,
+            logits,
+            vocab_size,
+        })
+    }
+}

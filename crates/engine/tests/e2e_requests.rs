@@ -1,0 +1,350 @@
+//! End-to-end request handling on a real fixture model: stop strings / stop ids / EOS,
+//! logprobs, validation errors that leave the engine serving, aborts that free blocks,
+//! the waiting-queue cap, and a draining shutdown.
+
+mod common;
+use common::*;
+
+use mlaserve_engine::{
+    EngineConfig, EngineError, FinishReason, GenerateRequest, RequestEvent, SamplingParams,
+};
+
+const M: &str = "deepseek_v2";
+
+#[test]
+fn stop_string_cuts_the_text_before_it_and_ends_the_request() {
+    let r = Reference::load(M);
+    let handle = start(M, test_config());
+    let prompt = &r.prompts["len13"];
+    let full = run(&handle, prompt, greedy(16));
+    let tok = handle.tokenizer().clone();
+    assert_eq!(
+        full.text,
+        tok.decode(&full.token_ids, true).unwrap(),
+        "streamed text = full decode"
+    );
+    // A stop string from the middle of the text (spanning token boundaries in general).
+    let chars: Vec<(usize, char)> = full.text.char_indices().collect();
+    assert!(chars.len() >= 8, "need some text to cut: {:?}", full.text);
+    let (a, b) = (chars[chars.len() / 2 - 1].0, chars[chars.len() / 2 + 2].0);
+    let stop = full.text[a..b].to_string();
+    let cut = full.text.find(&stop).unwrap();
+    let out = run(
+        &handle,
+        prompt,
+        SamplingParams {
+            stop: vec![stop.clone()],
+            ..greedy(16)
+        },
+    );
+    assert_eq!(out.finish_reason, FinishReason::Stop, "stop {stop:?}");
+    assert_eq!(
+        out.text,
+        full.text[..cut],
+        "text before the stop string {stop:?}"
+    );
+    assert!(full.token_ids.starts_with(&out.token_ids));
+    assert!(out.token_ids.len() < 16);
+    assert_eq!(out.usage.completion_tokens, out.token_ids.len());
+}
+
+#[test]
+fn stop_token_id_and_eos_end_generation_without_their_text() {
+    let r = Reference::load(M);
+    let handle = start(M, test_config());
+    let prompt = &r.prompts["len6"];
+    let want = &r.greedy["len6"];
+    let k = 5;
+    let first = want.iter().position(|&t| t == want[k]).unwrap();
+    let out = run(
+        &handle,
+        prompt,
+        SamplingParams {
+            stop_token_ids: vec![want[k]],
+            ..greedy(16)
+        },
+    );
+    assert_eq!(out.finish_reason, FinishReason::Stop);
+    assert_eq!(out.token_ids, want[..=first]);
+    let tok = handle.tokenizer();
+    assert_eq!(out.text, tok.decode(&want[..first], true).unwrap());
+
+    // deepseek_v3's greedy continuation of len6 starts with EOS (id 1).
+    let r3 = Reference::load("deepseek_v3");
+    assert_eq!(r3.greedy["len6"][0], 1);
+    let h3 = start("deepseek_v3", test_config());
+    let out = run(&h3, &r3.prompts["len6"], SamplingParams::greedy(16));
+    assert_eq!(
+        (out.finish_reason, out.token_ids.clone(), out.text.as_str()),
+        (FinishReason::Stop, vec![1], "")
+    );
+    let out = run(&h3, &r3.prompts["len6"], greedy(16));
+    assert_eq!(
+        out.token_ids, r3.greedy["len6"],
+        "ignore_eos generates past EOS"
+    );
+}
+
+#[test]
+fn logprobs_are_consistent_with_greedy_choices() {
+    let r = Reference::load(M);
+    let handle = start(M, test_config());
+    let out = run(
+        &handle,
+        &r.prompts["len6"],
+        SamplingParams {
+            logprobs: Some(5),
+            ..greedy(8)
+        },
+    );
+    assert_eq!(out.logprobs.len(), 8);
+    for (lp, &id) in out.logprobs.iter().zip(&out.token_ids) {
+        assert_eq!(lp.token_id, id);
+        assert_eq!(lp.top.len(), 5);
+        assert_eq!(
+            lp.top[0],
+            (id, lp.logprob),
+            "greedy picks the most likely token"
+        );
+        assert!(lp.top.windows(2).all(|w| w[0].1 >= w[1].1));
+        assert!(lp.top.iter().all(|&(_, l)| l <= 0.0 && l.is_finite()));
+    }
+}
+
+#[test]
+fn bad_requests_are_refused_and_the_engine_keeps_serving() {
+    let r = Reference::load(M);
+    let handle = start(
+        M,
+        EngineConfig {
+            max_model_len: Some(32),
+            ..test_config()
+        },
+    );
+    let add = |prompt: Vec<u32>, params| {
+        handle
+            .add(GenerateRequest {
+                prompt_tokens: prompt,
+                params,
+            })
+            .map(|_| ())
+    };
+    assert!(
+        matches!(add(vec![], greedy(4)), Err(EngineError::InvalidRequest(m)) if m.contains("empty"))
+    );
+    assert_eq!(
+        add(vec![3; 32], greedy(4)),
+        Err(EngineError::PromptTooLong {
+            prompt: 32,
+            max: 32
+        })
+    );
+    assert!(
+        matches!(add(vec![3, 512], greedy(4)), Err(EngineError::InvalidRequest(m)) if m.contains("512"))
+    );
+    assert!(
+        matches!(add(vec![3], greedy(0)), Err(EngineError::InvalidRequest(m)) if m.contains("max_tokens"))
+    );
+    let bad_t = SamplingParams {
+        temperature: -1.0,
+        ..greedy(4)
+    };
+    assert!(
+        matches!(add(vec![3], bad_t), Err(EngineError::InvalidRequest(m)) if m.contains("temperature"))
+    );
+    // Still serving, and max_tokens past the context ends at max_model_len.
+    let out = run(&handle, &r.prompts["len24"], greedy(100));
+    assert_eq!(out.finish_reason, FinishReason::Length);
+    assert_eq!(out.token_ids.len(), 32 - 24);
+    assert_eq!(out.token_ids, r.greedy["len24"][..8]);
+}
+
+#[test]
+fn dropping_a_stream_or_aborting_frees_the_request() {
+    let r = Reference::load(M);
+    let handle = start(M, test_config());
+    let params = SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy(200)
+    };
+    let mut stream = handle
+        .add(GenerateRequest {
+            prompt_tokens: r.prompts["len24"].clone(),
+            params: params.clone(),
+        })
+        .unwrap();
+    assert!(matches!(
+        stream.blocking_recv(),
+        Some(RequestEvent::Token { .. })
+    ));
+    drop(stream);
+    assert!(eventually(|| {
+        let m = handle.metrics();
+        m.num_running == 0
+            && m.num_waiting == 0
+            && m.num_cache_blocks_used == 0
+            && m.num_aborted == 1
+    }));
+
+    let mut stream = handle
+        .add(GenerateRequest {
+            prompt_tokens: r.prompts["len13"].clone(),
+            params,
+        })
+        .unwrap();
+    assert!(matches!(
+        stream.blocking_recv(),
+        Some(RequestEvent::Token { .. })
+    ));
+    handle.abort(stream.id);
+    let last = std::iter::from_fn(|| stream.blocking_recv()).last();
+    assert!(
+        matches!(
+            last,
+            Some(RequestEvent::Finished {
+                reason: FinishReason::Abort,
+                ..
+            })
+        ),
+        "{last:?}"
+    );
+    assert!(eventually(|| handle.metrics().num_cache_blocks_used == 0));
+}
+
+#[test]
+fn the_waiting_queue_is_capped() {
+    let r = Reference::load(M);
+    let handle = start(
+        M,
+        EngineConfig {
+            max_num_seqs: 1,
+            max_waiting: 2,
+            ..test_config()
+        },
+    );
+    let params = SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy(200)
+    };
+    let results: Vec<_> = (0..4)
+        .map(|_| {
+            handle.add(GenerateRequest {
+                prompt_tokens: r.prompts["len6"].clone(),
+                params: params.clone(),
+            })
+        })
+        .collect();
+    // One runs at most; so at least three were queued at once and one of them was refused.
+    assert!(results
+        .iter()
+        .any(|r| matches!(r, Err(EngineError::QueueFull))));
+    let accepted = results.iter().filter(|r| r.is_ok()).count() as u64;
+    drop(results);
+    assert!(eventually(|| {
+        let m = handle.metrics();
+        m.num_aborted == accepted
+            && m.num_running == 0
+            && m.num_waiting == 0
+            && m.num_cache_blocks_used == 0
+    }));
+    assert!(handle
+        .add(GenerateRequest {
+            prompt_tokens: vec![0],
+            params: greedy(1)
+        })
+        .is_ok());
+}
+
+#[test]
+fn shutdown_drains_live_requests_then_refuses() {
+    let r = Reference::load(M);
+    let handle = start(M, test_config());
+    let streams: Vec<_> = r
+        .prompts
+        .values()
+        .map(|p| {
+            handle
+                .add(GenerateRequest {
+                    prompt_tokens: p.clone(),
+                    params: greedy(16),
+                })
+                .unwrap()
+        })
+        .collect();
+    handle.shutdown();
+    assert_eq!(
+        handle
+            .add(GenerateRequest {
+                prompt_tokens: vec![0],
+                params: greedy(1)
+            })
+            .unwrap_err(),
+        EngineError::Shutdown
+    );
+    handle.wait();
+    for ((name, _), s) in r.prompts.iter().zip(streams) {
+        let out = mlaserve_engine::collect_output(s).expect("drained to completion");
+        assert_eq!(out.token_ids, r.greedy[name]);
+    }
+}
+
+#[test]
+fn engine_config_is_validated_against_the_model() {
+    let (model, tok) = load(M);
+    let cfg = model.config().clone();
+    assert_eq!(cfg.context_length, 256);
+    let base = EngineConfig {
+        num_blocks: None,
+        max_model_len: None,
+        block_size: 4,
+        ..EngineConfig::default()
+    };
+    // Derived from memory; the model's context fits.
+    let r = base.resolve(&cfg).unwrap();
+    assert_eq!(r.max_model_len, 256);
+    let per_block = mlaserve_model::LatentCache::bytes_per_block(&cfg, 4);
+    assert_eq!(r.num_blocks, base.cache_memory_bytes / per_block);
+    // A cache smaller than the context caps max_model_len when it was not asked for...
+    let small = EngineConfig {
+        num_blocks: Some(10),
+        ..base.clone()
+    };
+    assert_eq!(small.resolve(&cfg).unwrap().max_model_len, 40);
+    // ...and is an error when it was.
+    let err = EngineConfig {
+        max_model_len: Some(41),
+        ..small
+    }
+    .resolve(&cfg)
+    .unwrap_err();
+    assert!(err.contains("max_model_len 41"), "{err}");
+    let err = EngineConfig {
+        max_model_len: Some(257),
+        ..base.clone()
+    }
+    .resolve(&cfg)
+    .unwrap_err();
+    assert!(err.contains("context length 256"), "{err}");
+    let err = EngineConfig {
+        cache_memory_bytes: 10,
+        ..base.clone()
+    }
+    .resolve(&cfg)
+    .unwrap_err();
+    assert!(err.contains("cache_memory_bytes"), "{err}");
+    let err = EngineConfig {
+        max_num_seqs: 0,
+        ..base.clone()
+    }
+    .resolve(&cfg)
+    .unwrap_err();
+    assert!(err.contains("max_num_seqs"), "{err}");
+    // start_engine reports it as an error, not a panic.
+    let bad = EngineConfig {
+        block_size: 0,
+        ..base
+    };
+    assert!(
+        matches!(mlaserve_engine::start_engine(model, tok, bad), Err(EngineError::InvalidRequest(m)) if m.contains("block_size"))
+    );
+}

@@ -1,0 +1,127 @@
+//! Dot-product kernels and their dispatch.
+//!
+//! A *row kernel* computes `out[t] = Σ_c W[row, c] · A[t, c]` for one weight row (bytes of its
+//! ggml blocks) and `out.len()` activation rows laid `stride` bytes apart, each already in the
+//! weight's [`ActType`](crate::ActType). [`row_kernel`] picks the implementation for a weight
+//! type and an instruction-set level: the AVX2 kernels where they exist, else the scalar
+//! vec_dot of [`scalar`] applied token by token.
+
+pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+pub mod scalar;
+
+use crate::isa::Isa;
+use mlaserve_gguf::GgmlType;
+
+/// `fn(n_cols, weight_row, act_rows, act_stride, out)`; see the module docs.
+pub(crate) type RowKernel = fn(usize, &[u8], &[u8], usize, &mut [f32]);
+
+/// A scalar vec_dot: `fn(n_cols, weight_row, act_row) -> dot`.
+pub type VecDot = fn(usize, &[u8], &[u8]) -> f32;
+
+/// The scalar vec_dot of a weight type, or `None` if the type is unsupported.
+pub fn scalar_vec_dot(ty: GgmlType) -> Option<VecDot> {
+    use GgmlType::*;
+    Some(match ty {
+        F32 => scalar::vec_dot_f32,
+        F16 => scalar::vec_dot_f16,
+        BF16 => scalar::vec_dot_bf16,
+        Q4_0 => scalar::vec_dot_q4_0_q8_0,
+        Q4_1 => scalar::vec_dot_q4_1_q8_1,
+        Q5_0 => scalar::vec_dot_q5_0_q8_0,
+        Q5_1 => scalar::vec_dot_q5_1_q8_1,
+        Q8_0 => scalar::vec_dot_q8_0_q8_0,
+        Q2_K => scalar::vec_dot_q2_k_q8_k,
+        Q3_K => scalar::vec_dot_q3_k_q8_k,
+        Q4_K => scalar::vec_dot_q4_k_q8_k,
+        Q5_K => scalar::vec_dot_q5_k_q8_k,
+        Q6_K => scalar::vec_dot_q6_k_q8_k,
+        Q8_K => scalar::vec_dot_q8_k_q8_k,
+        IQ4_NL => scalar::vec_dot_iq4_nl_q8_0,
+        IQ4_XS => scalar::vec_dot_iq4_xs_q8_k,
+        MXFP4 => scalar::vec_dot_mxfp4_q8_0,
+        _ => return None,
+    })
+}
+
+/// Scalar row kernels: a vec_dot applied to each activation row in turn.
+macro_rules! scalar_row_kernels {
+    ($($ty:ident => $name:ident = $f:path),* $(,)?) => {
+        $(
+            fn $name(n: usize, w: &[u8], a: &[u8], stride: usize, out: &mut [f32]) {
+                for (t, o) in out.iter_mut().enumerate() {
+                    *o = $f(n, w, &a[t * stride..]);
+                }
+            }
+        )*
+        fn scalar_row_kernel(ty: GgmlType) -> Option<RowKernel> {
+            match ty {
+                $(GgmlType::$ty => Some($name),)*
+                _ => None,
+            }
+        }
+    };
+}
+
+scalar_row_kernels! {
+    F32 => rows_f32 = scalar::vec_dot_f32,
+    F16 => rows_f16 = scalar::vec_dot_f16,
+    BF16 => rows_bf16 = scalar::vec_dot_bf16,
+    Q4_0 => rows_q4_0 = scalar::vec_dot_q4_0_q8_0,
+    Q4_1 => rows_q4_1 = scalar::vec_dot_q4_1_q8_1,
+    Q5_0 => rows_q5_0 = scalar::vec_dot_q5_0_q8_0,
+    Q5_1 => rows_q5_1 = scalar::vec_dot_q5_1_q8_1,
+    Q8_0 => rows_q8_0 = scalar::vec_dot_q8_0_q8_0,
+    Q2_K => rows_q2_k = scalar::vec_dot_q2_k_q8_k,
+    Q3_K => rows_q3_k = scalar::vec_dot_q3_k_q8_k,
+    Q4_K => rows_q4_k = scalar::vec_dot_q4_k_q8_k,
+    Q5_K => rows_q5_k = scalar::vec_dot_q5_k_q8_k,
+    Q6_K => rows_q6_k = scalar::vec_dot_q6_k_q8_k,
+    Q8_K => rows_q8_k = scalar::vec_dot_q8_k_q8_k,
+    IQ4_NL => rows_iq4_nl = scalar::vec_dot_iq4_nl_q8_0,
+    IQ4_XS => rows_iq4_xs = scalar::vec_dot_iq4_xs_q8_k,
+    MXFP4 => rows_mxfp4 = scalar::vec_dot_mxfp4_q8_0,
+}
+
+/// The row kernel for weight type `ty` at level `isa`, or `None` if `ty` is unsupported.
+///
+/// The caller guarantees that `isa` is supported by the running CPU (see [`Isa::available`]).
+pub(crate) fn row_kernel(ty: GgmlType, isa: Isa) -> Option<RowKernel> {
+    use GgmlType::*;
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 {
+        match ty {
+            Q4_K => return Some(avx512::q4_k_rows),
+            Q5_K => return Some(avx512::q5_k_rows),
+            _ => {}
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if matches!(isa, Isa::Avx2 | Isa::Avx512) {
+        let k: Option<RowKernel> = match ty {
+            F32 => Some(avx2::f32_rows),
+            F16 => Some(avx2::f16_rows),
+            BF16 => Some(avx2::bf16_rows),
+            Q8_0 => Some(avx2::q8_0_rows),
+            Q4_0 => Some(avx2::q4_0_rows),
+            Q4_1 => Some(avx2::q4_1_rows),
+            Q5_0 => Some(avx2::q5_0_rows),
+            Q5_1 => Some(avx2::q5_1_rows),
+            IQ4_NL => Some(avx2::iq4_nl_rows),
+            MXFP4 => Some(avx2::mxfp4_rows),
+            Q2_K => Some(avx2::q2_k_rows),
+            Q3_K => Some(avx2::q3_k_rows),
+            Q4_K => Some(avx2::q4_k_rows),
+            Q5_K => Some(avx2::q5_k_rows),
+            Q6_K => Some(avx2::q6_k_rows),
+            IQ4_XS => Some(avx2::iq4_xs_rows),
+            _ => None,
+        };
+        if k.is_some() {
+            return k;
+        }
+    }
+    let _ = isa;
+    scalar_row_kernel(ty)
+}

@@ -1,0 +1,261 @@
+//! matmul against independent f64 references, for every weight type, every ISA level, odd
+//! shapes and token counts.
+
+mod common;
+
+use common::{random_matrix, Rng, TYPES};
+use mlaserve_backend::{
+    dequantize_act_row, matmul, matmul_with, quantize_act_row, ActType, GgmlType, Isa, QMatrix,
+};
+
+/// Activation rows as the kernels see them: converted to `act`, then back to f32.
+fn act_values(act: ActType, x: &[f32], cols: usize) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    let mut buf = vec![0u8; act.row_bytes(cols)];
+    for (xr, or) in x.chunks_exact(cols).zip(out.chunks_exact_mut(cols)) {
+        quantize_act_row(act, xr, &mut buf);
+        dequantize_act_row(act, &buf, or);
+    }
+    out
+}
+
+/// `(Σ w·a, Σ |w·a|)` in f64 for every (token, row).
+fn reference(
+    w: &[f32],
+    a: &[f32],
+    rows: usize,
+    cols: usize,
+    n_tokens: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let mut dot = vec![0f64; n_tokens * rows];
+    let mut mag = vec![0f64; n_tokens * rows];
+    for t in 0..n_tokens {
+        for r in 0..rows {
+            let (mut s, mut m) = (0f64, 0f64);
+            for c in 0..cols {
+                let p = w[r * cols + c] as f64 * a[t * cols + c] as f64;
+                s += p;
+                m += p.abs();
+            }
+            dot[t * rows + r] = s;
+            mag[t * rows + r] = m;
+        }
+    }
+    (dot, mag)
+}
+
+fn shapes(ty: GgmlType) -> Vec<(usize, usize)> {
+    let bs = ty.block_size();
+    if bs == 1 {
+        vec![(1, 1), (5, 13), (17, 37), (33, 256), (70, 1000)]
+    } else {
+        vec![
+            (1, bs),
+            (5, 2 * bs),
+            (17, 3 * bs),
+            (33, 8 * bs.max(64)),
+            (70, 4096),
+        ]
+    }
+}
+
+#[test]
+fn matches_dequantized_reference_tightly() {
+    let mut rng = Rng::new(1);
+    for &ty in TYPES {
+        let act = ActType::for_weight(ty).unwrap();
+        for (rows, cols) in shapes(ty) {
+            let w = random_matrix(ty, rows, cols, &mut rng);
+            let wf = w.to_f32();
+            for n_tokens in [1usize, 3, 6, 17] {
+                let x = rng.vec(n_tokens * cols, 2.0);
+                let a = act_values(act, &x, cols);
+                let (want, mag) = reference(&wf, &a, rows, cols, n_tokens);
+                for isa in Isa::available() {
+                    let mut out = vec![f32::NAN; n_tokens * rows];
+                    matmul_with(isa, &x, n_tokens, &w, &mut out);
+                    for i in 0..out.len() {
+                        let err = (out[i] as f64 - want[i]).abs();
+                        assert!(
+                            err <= 1e-5 * mag[i] + 1e-30,
+                            "{ty} {isa:?} [{rows}x{cols}] t={n_tokens} i={i}: got {} want {} (|w||a| {})",
+                            out[i],
+                            want[i],
+                            mag[i]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Against plain f32 activations: the only error left is the activation rounding, bounded
+/// element by element by half a quantization step times |w|.
+#[test]
+fn matches_f32_reference_within_activation_rounding() {
+    let mut rng = Rng::new(2);
+    for &ty in TYPES {
+        let act = ActType::for_weight(ty).unwrap();
+        let (rows, cols) = (9, 8 * ty.block_size().max(32));
+        let w = random_matrix(ty, rows, cols, &mut rng);
+        let wf = w.to_f32();
+        let n_tokens = 5;
+        let x = rng.vec(n_tokens * cols, 3.0);
+        let a = act_values(act, &x, cols);
+        let mut out = vec![0f32; n_tokens * rows];
+        matmul(&x, n_tokens, &w, &mut out);
+        let (want, mag) = reference(&wf, &x, rows, cols, n_tokens);
+        for t in 0..n_tokens {
+            for r in 0..rows {
+                // Rounding bound: Σ |w_c|·|a_c − x_c| (measured per element, so it holds for
+                // any quantizer), plus f32 summation slack.
+                let bound: f64 = (0..cols)
+                    .map(|c| {
+                        (wf[r * cols + c] as f64).abs()
+                            * (a[t * cols + c] as f64 - x[t * cols + c] as f64).abs()
+                    })
+                    .sum();
+                let i = t * rows + r;
+                let err = (out[i] as f64 - want[i]).abs();
+                assert!(
+                    err <= bound + 1e-5 * mag[i] + 1e-30,
+                    "{ty} t={t} r={r}: err {err} > bound {bound}"
+                );
+                // And the bound itself is what the type promises: half a step of the format.
+                let step = match act {
+                    ActType::F32 => 0.0,
+                    ActType::F16 => 2f64.powi(-11),
+                    ActType::BF16 => 2f64.powi(-8),
+                    _ => 0.5 / 127.0 * 1.01,
+                };
+                let amax_bound: f64 = (0..cols)
+                    .map(|c| {
+                        let blk = act.block_size().max(1);
+                        let b0 = c / blk * blk;
+                        let amax = x[t * cols + b0..t * cols + b0 + blk]
+                            .iter()
+                            .fold(0f64, |m, v| m.max(v.abs() as f64));
+                        let scale = if act.block_size() == 1 {
+                            (x[t * cols + c] as f64).abs()
+                        } else {
+                            amax
+                        };
+                        (wf[r * cols + c] as f64).abs() * scale * step
+                    })
+                    .sum();
+                assert!(
+                    bound <= amax_bound * 1.001 + 1e-12,
+                    "{ty}: rounding {bound} above the format's {amax_bound}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn simd_equals_scalar() {
+    let levels = Isa::available();
+    if levels.len() < 2 {
+        eprintln!("only the scalar level on this CPU: nothing to compare");
+        return;
+    }
+    let mut rng = Rng::new(3);
+    for &ty in TYPES {
+        let cols = 16 * ty.block_size().max(32);
+        let w = random_matrix(ty, 40, cols, &mut rng);
+        for n_tokens in [1usize, 2, 3, 4, 5, 7, 9] {
+            let x = rng.vec(n_tokens * cols, 1.0);
+            let mut base = vec![0f32; n_tokens * w.rows];
+            matmul_with(Isa::Scalar, &x, n_tokens, &w, &mut base);
+            let act = act_values(ActType::for_weight(ty).unwrap(), &x, cols);
+            let (_, mag) = reference(&w.to_f32(), &act, w.rows, cols, n_tokens);
+            for &isa in &levels[1..] {
+                let mut out = vec![0f32; n_tokens * w.rows];
+                matmul_with(isa, &x, n_tokens, &w, &mut out);
+                for i in 0..out.len() {
+                    assert!(
+                        ((out[i] - base[i]) as f64).abs() <= 2e-6 * mag[i] + 1e-30,
+                        "{ty} {isa:?} t={n_tokens} i={i}: {} vs scalar {}",
+                        out[i],
+                        base[i]
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn large_parallel_shapes_match_serial_rows() {
+    // Big enough to take the threaded path and several token blocks.
+    let mut rng = Rng::new(4);
+    for ty in [
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::BF16,
+        GgmlType::Q6_K,
+    ] {
+        let (rows, cols, n_tokens) = (203, 5120, 150);
+        let w = random_matrix(ty, rows, cols, &mut rng);
+        let x = rng.vec(n_tokens * cols, 1.0);
+        let mut out = vec![0f32; n_tokens * rows];
+        matmul(&x, n_tokens, &w, &mut out);
+        // Each output row recomputed alone (1 token, no tiling) must agree exactly: the
+        // per-(row, token) arithmetic does not depend on tiling.
+        for t in [0usize, 1, 63, 64, 149] {
+            let mut one = vec![0f32; rows];
+            matmul(&x[t * cols..(t + 1) * cols], 1, &w, &mut one);
+            assert_eq!(&out[t * rows..(t + 1) * rows], &one[..], "{ty} token {t}");
+        }
+    }
+}
+
+#[test]
+fn rows_slice_is_the_same_rows() {
+    let mut rng = Rng::new(5);
+    for &ty in TYPES {
+        let cols = 2 * ty.block_size().max(16);
+        let w = random_matrix(ty, 24, cols, &mut rng);
+        let s = w.rows_slice(7, 10);
+        assert_eq!((s.rows, s.cols, s.ty), (10, cols, ty));
+        let full = w.to_f32();
+        assert_eq!(s.to_f32(), full[7 * cols..17 * cols].to_vec(), "{ty}");
+        let x = rng.vec(3 * cols, 1.0);
+        let mut out_full = vec![0f32; 3 * 24];
+        let mut out_s = vec![0f32; 3 * 10];
+        matmul(&x, 3, &w, &mut out_full);
+        matmul(&x, 3, &s, &mut out_s);
+        for t in 0..3 {
+            assert_eq!(
+                &out_s[t * 10..t * 10 + 10],
+                &out_full[t * 24 + 7..t * 24 + 17],
+                "{ty}"
+            );
+        }
+        let empty = w.rows_slice(24, 0);
+        assert_eq!(empty.rows, 0);
+    }
+}
+
+#[test]
+fn from_f32_and_degenerate_shapes() {
+    let w = QMatrix::from_f32(2, 3, vec![1.0, 2.0, 3.0, -1.0, 0.5, 0.0]);
+    let mut out = vec![0f32; 4];
+    matmul(&[1.0, 1.0, 1.0, 2.0, 0.0, -1.0], 2, &w, &mut out);
+    assert_eq!(out, vec![6.0, -0.5, -1.0, -2.0]);
+    let mut none: Vec<f32> = vec![];
+    matmul(&[], 0, &w, &mut none);
+    let z = QMatrix::from_f32(3, 0, vec![]);
+    let mut o = vec![7f32; 2 * 3];
+    matmul(&[], 2, &z, &mut o);
+    assert_eq!(o, vec![0.0; 6]);
+}
+
+#[test]
+#[should_panic(expected = "matmul: x has")]
+fn wrong_activation_length_panics_with_message() {
+    let w = QMatrix::from_f32(2, 3, vec![0.0; 6]);
+    let mut out = vec![0f32; 2];
+    matmul(&[0.0; 4], 1, &w, &mut out);
+}

@@ -62,8 +62,12 @@ impl EngineArgs {
 /// The tokenizer of a model: from its GGUF metadata, or tokenizer.json in an HF directory.
 pub fn tokenizer_for(model: &Model, path: &Path) -> Result<Tokenizer> {
     match model.gguf() {
-        Some(file) => Tokenizer::from_gguf(file).with_context(|| format!("tokenizer of {}", path.display())),
-        None => Tokenizer::from_hf_dir(path).with_context(|| format!("tokenizer of {}", path.display())),
+        Some(file) => {
+            Tokenizer::from_gguf(file).with_context(|| format!("tokenizer of {}", path.display()))
+        }
+        None => {
+            Tokenizer::from_hf_dir(path).with_context(|| format!("tokenizer of {}", path.display()))
+        }
     }
 }
 
@@ -71,11 +75,17 @@ pub fn tokenizer_for(model: &Model, path: &Path) -> Result<Tokenizer> {
 pub fn start(args: &EngineArgs) -> Result<EngineHandle> {
     let path = args.model_path();
     let t0 = std::time::Instant::now();
-    let model = Model::load(&path, &LoadOptions::default()).with_context(|| format!("loading {}", path.display()))?;
+    let model = Model::load(&path, &LoadOptions::default())
+        .with_context(|| format!("loading {}", path.display()))?;
     for w in &model.config().warnings {
         tracing::warn!("{w}");
     }
     let tokenizer = Arc::new(tokenizer_for(&model, &path)?);
-    tracing::info!("loaded {} in {:.2}s", path.display(), t0.elapsed().as_secs_f64());
-    start_engine(model, tokenizer, args.engine_config()).map_err(|e| anyhow::anyhow!("starting the engine: {e}"))
+    tracing::info!(
+        "loaded {} in {:.2}s",
+        path.display(),
+        t0.elapsed().as_secs_f64()
+    );
+    start_engine(model, tokenizer, args.engine_config())
+        .map_err(|e| anyhow::anyhow!("starting the engine: {e}"))
 }

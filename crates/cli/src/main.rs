@@ -13,7 +13,11 @@ use mlaserve_model::{AttentionPath, LoadOptions, Model};
 use std::path::{Path, PathBuf};
 
 #[derive(Parser)]
-#[command(name = "mlaserve", version, about = "Inference engine and OpenAI-compatible server for MLA models (DeepSeek-V2/V3, GLM-5)")]
+#[command(
+    name = "mlaserve",
+    version,
+    about = "Inference engine and OpenAI-compatible server for MLA models (DeepSeek-V2/V3, GLM-5)"
+)]
 struct Cli {
     /// Print one line per hit of the matching probes (e.g. `L0.mla.*:4`, `*attn_out`).
     #[arg(long, global = true, env = "MLASERVE_TRACE")]
@@ -90,18 +94,26 @@ pub fn default_model() -> PathBuf {
 fn load(path: Option<&Path>) -> Result<Model> {
     let path = path.map(Path::to_path_buf).unwrap_or_else(default_model);
     let t0 = std::time::Instant::now();
-    let model = Model::load(&path, &LoadOptions::default()).with_context(|| format!("loading {}", path.display()))?;
+    let model = Model::load(&path, &LoadOptions::default())
+        .with_context(|| format!("loading {}", path.display()))?;
     for w in &model.config().warnings {
         tracing::warn!("{w}");
     }
-    tracing::info!("loaded {} in {:.2}s", path.display(), t0.elapsed().as_secs_f64());
+    tracing::info!(
+        "loaded {} in {:.2}s",
+        path.display(),
+        t0.elapsed().as_secs_f64()
+    );
     Ok(model)
 }
 
 fn main() {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("MLASERVE_LOG").unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("MLASERVE_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
         .init();
     let cli = Cli::parse();
     if let Err(e) = run(cli) {
@@ -120,18 +132,35 @@ fn run(cli: Cli) -> Result<()> {
         Command::Generate(a) => cmd::generate::run(a),
         Command::Chat(a) => cmd::chat::run(a),
         Command::Inspect { file } => cmd::inspect::run(&file),
-        Command::Logits { model, tokens, out, attention_path, prefill_chunk } => {
+        Command::Logits {
+            model,
+            tokens,
+            out,
+            attention_path,
+            prefill_chunk,
+        } => {
             let tokens = cmd::logits::parse_tokens(&tokens)?;
             let m = load(Some(&model))?;
             cmd::logits::run(&m, &tokens, attention_path, prefill_chunk, &out)
         }
-        Command::Doctor { model, reference, json, verbose } => {
+        Command::Doctor {
+            model,
+            reference,
+            json,
+            verbose,
+        } => {
             if !cmd::doctor::run(&model, reference.as_deref(), json, verbose)? {
                 std::process::exit(1);
             }
             Ok(())
         }
-        Command::Bench { model, n_prompt, n_gen, reps, json } => {
+        Command::Bench {
+            model,
+            n_prompt,
+            n_gen,
+            reps,
+            json,
+        } => {
             let m = load(model.as_deref())?;
             cmd::bench::run(&m, n_prompt, n_gen, reps.max(1), json)
         }

@@ -18,27 +18,52 @@ fn root() -> PathBuf {
 }
 
 fn reference() -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(root().join("tests/fixtures/demo/reference.json")).unwrap()).unwrap()
+    serde_json::from_str(
+        &std::fs::read_to_string(root().join("tests/fixtures/demo/reference.json")).unwrap(),
+    )
+    .unwrap()
 }
 
 fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn run(dequantize: bool) -> Vec<(String, Vec<u32>, Vec<u32>, usize)> {
     let path = root().join("models/default.gguf");
-    let model = Model::load(&path, &LoadOptions { dequantize, ..Default::default() }).unwrap();
+    let model = Model::load(
+        &path,
+        &LoadOptions {
+            dequantize,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let tok = Arc::new(Tokenizer::from_gguf(model.gguf().unwrap()).unwrap());
-    let cfg = EngineConfig { num_blocks: Some(256), block_size: 16, ..Default::default() };
+    let cfg = EngineConfig {
+        num_blocks: Some(256),
+        block_size: 16,
+        ..Default::default()
+    };
     let handle = start_engine(model, tok, cfg).unwrap();
     let r = reference();
-    let prompts: Vec<(String, serde_json::Value)> =
-        r["prompts"].as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let prompts: Vec<(String, serde_json::Value)> = r["prompts"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     let reqs = prompts
         .iter()
         .map(|(_, p)| GenerateRequest {
             prompt_tokens: ids(&p["prompt_ids"]),
-            params: SamplingParams { ignore_eos: true, ..SamplingParams::greedy(p["n_defined"].as_u64().unwrap() as usize) },
+            params: SamplingParams {
+                ignore_eos: true,
+                ..SamplingParams::greedy(p["n_defined"].as_u64().unwrap() as usize)
+            },
         })
         .collect();
     let outs = handle.generate_blocking(reqs);
@@ -49,7 +74,10 @@ fn run(dequantize: bool) -> Vec<(String, Vec<u32>, Vec<u32>, usize)> {
         .map(|((name, p), out)| {
             let n = p["n_defined"].as_u64().unwrap() as usize;
             let want = ids(&p["greedy_ids"])[..n].to_vec();
-            let stop = p["first_stop_index"].as_u64().map_or(n, |i| i as usize + 1).min(n);
+            let stop = p["first_stop_index"]
+                .as_u64()
+                .map_or(n, |i| i as usize + 1)
+                .min(n);
             (name, out.unwrap().token_ids, want, stop)
         })
         .collect()
@@ -77,12 +105,20 @@ fn tokenizer_and_chat_template_match_transformers() {
     let r = reference();
     for (name, p) in r["prompts"].as_object().unwrap() {
         let text = p["prompt_text"].as_str().unwrap();
-        assert_eq!(tok.encode(text, false).unwrap(), ids(&p["prompt_ids"]), "{name}");
+        assert_eq!(
+            tok.encode(text, false).unwrap(),
+            ids(&p["prompt_ids"]),
+            "{name}"
+        );
     }
-    let tmpl = tok.chat_template().expect("the demo model ships a chat template");
+    let tmpl = tok
+        .chat_template()
+        .expect("the demo model ships a chat template");
     for case in r["chat_templates"].as_array().unwrap() {
         let msgs: Vec<ChatMessage> = serde_json::from_value(case["messages"].clone()).unwrap();
-        let got = tmpl.render(&msgs, case["add_generation_prompt"].as_bool().unwrap()).unwrap();
+        let got = tmpl
+            .render(&msgs, case["add_generation_prompt"].as_bool().unwrap())
+            .unwrap();
         assert_eq!(got, case["rendered"].as_str().unwrap());
         assert_eq!(tok.encode(&got, false).unwrap(), ids(&case["ids"]));
     }

@@ -197,7 +197,10 @@ impl GgmlType {
 
     /// Parse a name as written by [`GgmlType::name`] (case-insensitive).
     pub fn from_name(s: &str) -> Option<Self> {
-        ALL_TYPES.iter().copied().find(|t| t.name().eq_ignore_ascii_case(s))
+        ALL_TYPES
+            .iter()
+            .copied()
+            .find(|t| t.name().eq_ignore_ascii_case(s))
     }
 }
 

@@ -161,7 +161,10 @@ impl ModelConfig {
     /// the readings that depend on which tensors a file has).
     pub fn from_gguf(file: &GgufFile) -> Result<Self, ModelError> {
         let src = file.path().display().to_string();
-        let err = |msg: String| ModelError::Config { source_name: src.clone(), msg };
+        let err = |msg: String| ModelError::Config {
+            source_name: src.clone(),
+            msg,
+        };
         let arch_name = file
             .architecture()
             .ok_or_else(|| err("no general.architecture key".into()))?
@@ -196,7 +199,11 @@ impl ModelConfig {
         let num_layers = block_count
             .checked_sub(num_nextn_layers)
             .filter(|&n| n > 0)
-            .ok_or_else(|| err(format!("block_count {block_count} <= nextn_predict_layers {num_nextn_layers}")))?;
+            .ok_or_else(|| {
+                err(format!(
+                    "block_count {block_count} <= nextn_predict_layers {num_nextn_layers}"
+                ))
+            })?;
         let hidden_size = req_u("embedding_length")?;
         let num_heads = req_u("attention.head_count")?;
         let kv_lora_rank = req_u("attention.kv_lora_rank")?;
@@ -212,7 +219,8 @@ impl ModelConfig {
         let has_kv_b = file.tensor("blk.0.attn_kv_b.weight").is_some();
         let (qk_head_dim, v_head_dim) = match (key_mla, val_mla) {
             (Some(k), Some(v)) if k > 0 && v > 0 => {
-                if key_len == Some(kv_lora_rank + qk_rope_head_dim) && val_len == Some(kv_lora_rank) {
+                if key_len == Some(kv_lora_rank + qk_rope_head_dim) && val_len == Some(kv_lora_rank)
+                {
                     warnings.push(format!(
                         "head_count_kv/key_length/value_length ({}/{}) are the MQA view of MLA; real head dims from key_length_mla/value_length_mla: {k}/{v}",
                         kv_lora_rank + qk_rope_head_dim,
@@ -227,16 +235,25 @@ impl ModelConfig {
                         "no key_length_mla/value_length_mla and no attn_kv_b tensor: a file from before llama.cpp's MLA support (PR #12801) whose split attn_k_b/attn_v_b cannot be interpreted; reconvert it".into(),
                     ));
                 }
-                let k = key_len.ok_or_else(|| err("legacy file without attention.key_length".into()))?;
-                let v = val_len.ok_or_else(|| err("legacy file without attention.value_length".into()))?;
-                warnings.push("legacy layout: attn_kv_b with per-head key/value lengths (no *_mla keys)".into());
+                let k = key_len
+                    .ok_or_else(|| err("legacy file without attention.key_length".into()))?;
+                let v = val_len
+                    .ok_or_else(|| err("legacy file without attention.value_length".into()))?;
+                warnings.push(
+                    "legacy layout: attn_kv_b with per-head key/value lengths (no *_mla keys)"
+                        .into(),
+                );
                 (k, v)
             }
         };
         let qk_nope_head_dim = qk_head_dim
             .checked_sub(qk_rope_head_dim)
             .filter(|&p| p > 0)
-            .ok_or_else(|| err(format!("key length {qk_head_dim} <= rope dimension {qk_rope_head_dim}")))?;
+            .ok_or_else(|| {
+                err(format!(
+                    "key length {qk_head_dim} <= rope dimension {qk_rope_head_dim}"
+                ))
+            })?;
 
         let rms_norm_eps = get_f("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-6);
         let rope_theta = get_f("rope.freq_base")?.unwrap_or(10000.0);
@@ -265,7 +282,9 @@ impl ModelConfig {
                     attn_factor: 1.0,
                 })
             }
-            Some(other) => return Err(err(format!("rope scaling type `{other}` is not supported"))),
+            Some(other) => {
+                return Err(err(format!("rope scaling type `{other}` is not supported")))
+            }
         };
 
         let vocab_size = match get_u("vocab_size")? {
@@ -279,11 +298,16 @@ impl ModelConfig {
         let num_experts = get_u("expert_count")?.unwrap_or(0);
         let first_k_dense = get_u("leading_dense_block_count")?.unwrap_or(0);
         let moe = if num_experts > 0 {
-            let has_bias = (0..num_layers).any(|i| file.tensor(&format!("blk.{i}.exp_probs_b.bias")).is_some());
+            let has_bias = (0..num_layers)
+                .any(|i| file.tensor(&format!("blk.{i}.exp_probs_b.bias")).is_some());
             let gating = match get_u("expert_gating_func")? {
                 Some(1) => Gating::Softmax,
                 Some(2) => Gating::Sigmoid,
-                Some(other) => return Err(err(format!("expert_gating_func {other} is not supported (1 softmax, 2 sigmoid)"))),
+                Some(other) => {
+                    return Err(err(format!(
+                        "expert_gating_func {other} is not supported (1 softmax, 2 sigmoid)"
+                    )))
+                }
                 None => match arch {
                     Arch::GlmDsa => Gating::Sigmoid,
                     Arch::Deepseek2 if has_bias => {
@@ -347,8 +371,12 @@ impl ModelConfig {
 
     /// Read an HF `config.json` (`deepseek_v2`, `deepseek_v3`, `glm_moe_dsa`).
     pub fn from_hf_json(text: &str, source_name: &str) -> Result<Self, ModelError> {
-        let err = |msg: String| ModelError::Config { source_name: source_name.to_string(), msg };
-        let j: Json = serde_json::from_str(text).map_err(|e| err(format!("config.json is not JSON: {e}")))?;
+        let err = |msg: String| ModelError::Config {
+            source_name: source_name.to_string(),
+            msg,
+        };
+        let j: Json =
+            serde_json::from_str(text).map_err(|e| err(format!("config.json is not JSON: {e}")))?;
         let u = |k: &str| j.get(k).and_then(Json::as_u64).map(|v| v as usize);
         let req = |k: &str| u(k).ok_or_else(|| err(format!("missing or non-integer `{k}`")));
         let f = |k: &str| j.get(k).and_then(Json::as_f64).map(|v| v as f32);
@@ -356,17 +384,30 @@ impl ModelConfig {
         let arch = match model_type {
             "deepseek_v2" | "deepseek_v3" => Arch::Deepseek2,
             "glm_moe_dsa" => Arch::GlmDsa,
-            other => return Err(err(format!("model_type `{other}` is not supported (deepseek_v2, deepseek_v3, glm_moe_dsa)"))),
+            other => {
+                return Err(err(format!(
+                    "model_type `{other}` is not supported (deepseek_v2, deepseek_v3, glm_moe_dsa)"
+                )))
+            }
         };
         let mut warnings = Vec::new();
         // transformers 5 keeps rope settings in `rope_parameters`; older configs in rope_scaling/rope_theta.
-        let rope = j.get("rope_parameters").or_else(|| j.get("rope_scaling")).filter(|v| v.is_object());
-        let rf = |k: &str| rope.and_then(|r| r.get(k)).and_then(Json::as_f64).map(|v| v as f32);
+        let rope = j
+            .get("rope_parameters")
+            .or_else(|| j.get("rope_scaling"))
+            .filter(|v| v.is_object());
+        let rf = |k: &str| {
+            rope.and_then(|r| r.get(k))
+                .and_then(Json::as_f64)
+                .map(|v| v as f32)
+        };
         let rope_type = rope
             .and_then(|r| r.get("rope_type").or_else(|| r.get("type")))
             .and_then(Json::as_str)
             .unwrap_or("default");
-        let rope_theta = f("rope_theta").or_else(|| rf("rope_theta")).unwrap_or(10000.0);
+        let rope_theta = f("rope_theta")
+            .or_else(|| rf("rope_theta"))
+            .unwrap_or(10000.0);
         let context_length = u("max_position_embeddings").unwrap_or(4096);
         let yarn = match rope_type {
             "default" => None,
@@ -374,9 +415,19 @@ impl ModelConfig {
                 let factor = rf("factor").unwrap_or(1.0);
                 let m = rf("mscale").unwrap_or(0.0);
                 let m_all = rf("mscale_all_dim").unwrap_or(0.0);
-                let get_mscale = |s: f32, m: f32| if s <= 1.0 { 1.0 } else { 0.1 * m * s.ln() + 1.0 };
+                let get_mscale = |s: f32, m: f32| {
+                    if s <= 1.0 {
+                        1.0
+                    } else {
+                        0.1 * m * s.ln() + 1.0
+                    }
+                };
                 // As transformers: the ratio when both are given, else get_mscale(factor) on cos/sin.
-                let attn_factor = if m != 0.0 && m_all != 0.0 { get_mscale(factor, m) / get_mscale(factor, m_all) } else { get_mscale(factor, 1.0) };
+                let attn_factor = if m != 0.0 && m_all != 0.0 {
+                    get_mscale(factor, m) / get_mscale(factor, m_all)
+                } else {
+                    get_mscale(factor, 1.0)
+                };
                 Some(Yarn {
                     factor,
                     original_context_length: rope
@@ -399,7 +450,9 @@ impl ModelConfig {
             let gating = match (arch, model_type, scoring) {
                 (_, _, Some("softmax")) => Gating::Softmax,
                 (_, _, Some("sigmoid")) => Gating::Sigmoid,
-                (_, _, Some(other)) => return Err(err(format!("scoring_func `{other}` is not supported"))),
+                (_, _, Some(other)) => {
+                    return Err(err(format!("scoring_func `{other}` is not supported")))
+                }
                 (Arch::GlmDsa, _, None) | (_, "deepseek_v3", None) => Gating::Sigmoid,
                 _ => Gating::Softmax,
             };
@@ -414,7 +467,10 @@ impl ModelConfig {
                 n_group: u("n_group").unwrap_or(1).max(1),
                 topk_group: u("topk_group").unwrap_or(1).max(1),
                 routed_scaling_factor: f("routed_scaling_factor").unwrap_or(1.0),
-                norm_topk_prob: j.get("norm_topk_prob").and_then(Json::as_bool).unwrap_or(false),
+                norm_topk_prob: j
+                    .get("norm_topk_prob")
+                    .and_then(Json::as_bool)
+                    .unwrap_or(false),
                 gating,
                 has_correction_bias: gating == Gating::Sigmoid,
             })
@@ -457,7 +513,12 @@ impl ModelConfig {
 
     /// Check every derived dimension; called by both constructors.
     pub fn validate(&self, source_name: &str) -> Result<(), ModelError> {
-        let err = |msg: String| Err(ModelError::Config { source_name: source_name.to_string(), msg });
+        let err = |msg: String| {
+            Err(ModelError::Config {
+                source_name: source_name.to_string(),
+                msg,
+            })
+        };
         let positive = [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
@@ -474,23 +535,37 @@ impl ModelConfig {
             }
         }
         if self.qk_rope_head_dim % 2 != 0 {
-            return err(format!("qk_rope_head_dim {} must be even (rotated in pairs)", self.qk_rope_head_dim));
+            return err(format!(
+                "qk_rope_head_dim {} must be even (rotated in pairs)",
+                self.qk_rope_head_dim
+            ));
         }
         if self.first_k_dense > 0 && self.intermediate_size == 0 {
             return err("dense layers present but feed_forward_length is 0".into());
         }
         if let Some(m) = &self.moe {
             if m.top_k == 0 || m.top_k > m.num_experts {
-                return err(format!("expert_used_count {} must be in 1..={}", m.top_k, m.num_experts));
+                return err(format!(
+                    "expert_used_count {} must be in 1..={}",
+                    m.top_k, m.num_experts
+                ));
             }
             if m.num_experts % m.n_group != 0 {
-                return err(format!("expert_count {} not divisible by expert_group_count {}", m.num_experts, m.n_group));
+                return err(format!(
+                    "expert_count {} not divisible by expert_group_count {}",
+                    m.num_experts, m.n_group
+                ));
             }
             if m.topk_group > m.n_group {
-                return err(format!("expert_group_used_count {} > expert_group_count {}", m.topk_group, m.n_group));
+                return err(format!(
+                    "expert_group_used_count {} > expert_group_count {}",
+                    m.topk_group, m.n_group
+                ));
             }
             if m.n_group > 1 && m.topk_group * (m.num_experts / m.n_group) < m.top_k {
-                return err("the kept expert groups hold fewer experts than expert_used_count".into());
+                return err(
+                    "the kept expert groups hold fewer experts than expert_used_count".into(),
+                );
             }
             if m.gating == Gating::Sigmoid && m.n_group > 1 && m.num_experts / m.n_group < 2 {
                 return err("sigmoid group routing scores a group by its top-2 experts: groups need >= 2 experts".into());
@@ -512,7 +587,10 @@ impl ModelConfig {
                 ));
             }
             if self.q_lora_rank.is_none() {
-                return err("the DSA indexer reads the q_lora latent, but the model has no q_lora_rank".into());
+                return err(
+                    "the DSA indexer reads the q_lora latent, but the model has no q_lora_rank"
+                        .into(),
+                );
             }
         }
         if let Some(y) = &self.yarn {
@@ -528,13 +606,35 @@ impl ModelConfig {
         let mut s = String::new();
         let mut line = |k: &str, v: String| s.push_str(&format!("  {k:<28} {v}\n"));
         line("arch", self.arch.gguf_name().into());
-        line("layers", format!("{} (+{} MTP skipped)", self.num_layers, self.num_nextn_layers));
-        line("hidden / vocab", format!("{} / {}", self.hidden_size, self.vocab_size));
+        line(
+            "layers",
+            format!(
+                "{} (+{} MTP skipped)",
+                self.num_layers, self.num_nextn_layers
+            ),
+        );
+        line(
+            "hidden / vocab",
+            format!("{} / {}", self.hidden_size, self.vocab_size),
+        );
         line("heads N", self.num_heads.to_string());
-        line("q_lora_rank", self.q_lora_rank.map_or("none (plain q_proj)".into(), |r| r.to_string()));
+        line(
+            "q_lora_rank",
+            self.q_lora_rank
+                .map_or("none (plain q_proj)".into(), |r| r.to_string()),
+        );
         line("kv_lora_rank L", self.kv_lora_rank.to_string());
-        line("P / R / V", format!("{} / {} / {}", self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim));
-        line("latent cache row", format!("{} values / token / layer", self.latent_dim()));
+        line(
+            "P / R / V",
+            format!(
+                "{} / {} / {}",
+                self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim
+            ),
+        );
+        line(
+            "latent cache row",
+            format!("{} values / token / layer", self.latent_dim()),
+        );
         line("rope theta", self.rope_theta.to_string());
         if let Some(y) = &self.yarn {
             line(
@@ -550,7 +650,10 @@ impl ModelConfig {
         }
         line("softmax scale", format!("{:.6}", self.softmax_scale()));
         line("rms eps", self.rms_norm_eps.to_string());
-        line("dense layers", format!("{} (ffn {})", self.first_k_dense, self.intermediate_size));
+        line(
+            "dense layers",
+            format!("{} (ffn {})", self.first_k_dense, self.intermediate_size),
+        );
         if let Some(m) = &self.moe {
             line(
                 "experts",
@@ -569,7 +672,10 @@ impl ModelConfig {
             );
         }
         if let Some(ix) = &self.indexer {
-            line("DSA indexer", format!("{} heads x {}, top-{}", ix.num_heads, ix.head_dim, ix.topk));
+            line(
+                "DSA indexer",
+                format!("{} heads x {}, top-{}", ix.num_heads, ix.head_dim, ix.topk),
+            );
         }
         s
     }

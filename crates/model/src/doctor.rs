@@ -50,8 +50,18 @@ pub struct Report {
     pub findings: Vec<Finding>,
 }
 
-fn f(check: &'static str, severity: Severity, location: impl Into<String>, message: impl Into<String>) -> Finding {
-    Finding { check, severity, location: location.into(), message: message.into() }
+fn f(
+    check: &'static str,
+    severity: Severity,
+    location: impl Into<String>,
+    message: impl Into<String>,
+) -> Finding {
+    Finding {
+        check,
+        severity,
+        location: location.into(),
+        message: message.into(),
+    }
 }
 
 /// Relative L2 error ||a-b|| / ||b||.
@@ -86,11 +96,23 @@ pub fn check_metadata(file: &GgufFile, cfg: &ModelConfig) -> Vec<Finding> {
                 ),
             ));
         } else {
-            out.push(f("metadata", Severity::Info, loc, format!("YaRN factor {} -> mscale {m:.6}, softmax scale {:.6}", y.factor, cfg.softmax_scale())));
+            out.push(f(
+                "metadata",
+                Severity::Info,
+                loc,
+                format!(
+                    "YaRN factor {} -> mscale {m:.6}, softmax scale {:.6}",
+                    y.factor,
+                    cfg.softmax_scale()
+                ),
+            ));
         }
     }
     if let Some(moe) = &cfg.moe {
-        if moe.gating == Gating::Sigmoid && moe.norm_topk_prob && file.get(&format!("{a}.expert_weights_scale")).is_none() {
+        if moe.gating == Gating::Sigmoid
+            && moe.norm_topk_prob
+            && file.get(&format!("{a}.expert_weights_scale")).is_none()
+        {
             out.push(f(
                 "metadata",
                 Severity::Error,
@@ -106,17 +128,33 @@ pub fn check_metadata(file: &GgufFile, cfg: &ModelConfig) -> Vec<Finding> {
         }
     }
     let vocab = cfg.vocab_size as u64;
-    for key in ["bos_token_id", "eos_token_id", "eot_token_id", "eom_token_id", "padding_token_id"] {
+    for key in [
+        "bos_token_id",
+        "eos_token_id",
+        "eot_token_id",
+        "eom_token_id",
+        "padding_token_id",
+    ] {
         let k = format!("tokenizer.ggml.{key}");
         if let Ok(Some(id)) = file.get_u64(&k) {
             if id >= vocab {
-                out.push(f("metadata", Severity::Error, k, format!("token id {id} >= vocab size {vocab}")));
+                out.push(f(
+                    "metadata",
+                    Severity::Error,
+                    k,
+                    format!("token id {id} >= vocab size {vocab}"),
+                ));
             }
         }
     }
     if let Ok(Some(tokens)) = file.get_str_array("tokenizer.ggml.tokens") {
         if tokens.len() as u64 != vocab {
-            out.push(f("metadata", Severity::Warning, "tokenizer.ggml.tokens", format!("{} tokens, embedding has {vocab} rows", tokens.len())));
+            out.push(f(
+                "metadata",
+                Severity::Warning,
+                "tokenizer.ggml.tokens",
+                format!("{} tokens, embedding has {vocab} rows", tokens.len()),
+            ));
         }
     }
     out
@@ -133,11 +171,22 @@ fn by_name(records: Vec<Record>) -> Vec<(String, Vec<f32>, Vec<usize>)> {
         });
         e.0.extend_from_slice(&r.data);
     }
-    order.into_iter().map(|n| { let (d, s) = map.remove(&n).unwrap_or_default(); (n, d, s) }).collect()
+    order
+        .into_iter()
+        .map(|n| {
+            let (d, s) = map.remove(&n).unwrap_or_default();
+            (n, d, s)
+        })
+        .collect()
 }
 
 /// Run `tokens` on one path and capture every probe.
-pub fn capture(model: &Model, tokens: &[u32], path: AttentionPath, chunk: usize) -> Result<Vec<(String, Vec<f32>, Vec<usize>)>, crate::ModelError> {
+pub fn capture(
+    model: &Model,
+    tokens: &[u32],
+    path: AttentionPath,
+    chunk: usize,
+) -> Result<Vec<(String, Vec<f32>, Vec<usize>)>, crate::ModelError> {
     probe::start_capture("*");
     let r = score(model, tokens, path, chunk);
     let recs = probe::take_capture();
@@ -146,10 +195,17 @@ pub fn capture(model: &Model, tokens: &[u32], path: AttentionPath, chunk: usize)
 }
 
 /// (b) the three paths against each other: the first probe that parts.
-pub fn check_paths(model: &Model, tokens: &[u32], threshold: f64) -> Result<Vec<Finding>, crate::ModelError> {
+pub fn check_paths(
+    model: &Model,
+    tokens: &[u32],
+    threshold: f64,
+) -> Result<Vec<Finding>, crate::ModelError> {
     let base = capture(model, tokens, AttentionPath::Mha, 0)?;
     let mut out = Vec::new();
-    for (label, path, chunk) in [("mqa (absorbed)", AttentionPath::Mqa, 0), ("chunked by 3 (context merge)", AttentionPath::Auto, 3)] {
+    for (label, path, chunk) in [
+        ("mqa (absorbed)", AttentionPath::Mqa, 0),
+        ("chunked by 3 (context merge)", AttentionPath::Auto, 3),
+    ] {
         let other = capture(model, tokens, path, chunk)?;
         let other: HashMap<_, _> = other.into_iter().map(|(n, d, _)| (n, d)).collect();
         let mut parted = false;
@@ -167,8 +223,16 @@ pub fn check_paths(model: &Model, tokens: &[u32], threshold: f64) -> Result<Vec<
             }
         }
         if !parted {
-            let e = base.last().and_then(|(n, d, _)| other.get(n).map(|g| rel_l2(g, d))).unwrap_or(0.0);
-            out.push(f("paths", Severity::Info, "logits", format!("{label} agrees with mha at every probe (logits rel err {e:.2e})")));
+            let e = base
+                .last()
+                .and_then(|(n, d, _)| other.get(n).map(|g| rel_l2(g, d)))
+                .unwrap_or(0.0);
+            out.push(f(
+                "paths",
+                Severity::Info,
+                "logits",
+                format!("{label} agrees with mha at every probe (logits rel err {e:.2e})"),
+            ));
         }
     }
     Ok(out)
@@ -178,17 +242,33 @@ pub fn check_paths(model: &Model, tokens: &[u32], threshold: f64) -> Result<Vec<
 pub fn check_norms(model: &Model, probes: &[(String, Vec<f32>, Vec<usize>)]) -> Vec<Finding> {
     let cfg = model.config();
     let mut out = Vec::new();
-    let get = |n: &str| probes.iter().find(|(name, ..)| name == n).map(|(_, d, _)| d.as_slice());
+    let get = |n: &str| {
+        probes
+            .iter()
+            .find(|(name, ..)| name == n)
+            .map(|(_, d, _)| d.as_slice())
+    };
     let (n, v, l) = (cfg.num_heads, cfg.v_head_dim, cfg.kv_lora_rank);
     let mut prev_norm: Option<f64> = None;
     for li in 0..cfg.num_layers {
-        for (name, data, _) in probes.iter().filter(|(name, ..)| name.starts_with(&format!("L{li}."))) {
+        for (name, data, _) in probes
+            .iter()
+            .filter(|(name, ..)| name.starts_with(&format!("L{li}.")))
+        {
             let s = probe::Stats::of(data);
             if s.nan > 0 || s.inf > 0 {
-                out.push(f("norms", Severity::Error, name.clone(), format!("{} NaN and {} Inf values", s.nan, s.inf)));
+                out.push(f(
+                    "norms",
+                    Severity::Error,
+                    name.clone(),
+                    format!("{} NaN and {} Inf values", s.nan, s.inf),
+                ));
             }
         }
-        if let (Some(kvc), Some(att)) = (get(&format!("L{li}.mla.kv_c_normed")), get(&format!("L{li}.mla.attn_out"))) {
+        if let (Some(kvc), Some(att)) = (
+            get(&format!("L{li}.mla.kv_c_normed")),
+            get(&format!("L{li}.mla.attn_out")),
+        ) {
             let t = kvc.len() / l;
             let mut vals = vec![0f32; t * n * v];
             matmul(kvc, t, &model.weights().layers[li].mla.w_uv, &mut vals);
@@ -204,14 +284,24 @@ pub fn check_norms(model: &Model, probes: &[(String, Vec<f32>, Vec<usize>)]) -> 
             } else if a_max > v_max * 1.01 + 1e-6 {
                 out.push(f("norms", Severity::Error, loc, format!("attention output norm {a_max:.4e} exceeds every value vector ({v_max:.4e}): softmax weights do not sum to 1")));
             } else {
-                out.push(f("norms", Severity::Info, loc, format!("|attn_out|/|v| = {ratio:.3}")));
+                out.push(f(
+                    "norms",
+                    Severity::Info,
+                    loc,
+                    format!("|attn_out|/|v| = {ratio:.3}"),
+                ));
             }
         }
         if let Some(x) = get(&format!("L{li}.out")) {
             let norm = probe::Stats::of(x).l2;
             if let Some(p) = prev_norm {
                 if norm > 100.0 * p || norm < p / 100.0 {
-                    out.push(f("norms", Severity::Error, format!("L{li}.out"), format!("residual stream norm jumped from {p:.4e} to {norm:.4e}")));
+                    out.push(f(
+                        "norms",
+                        Severity::Error,
+                        format!("L{li}.out"),
+                        format!("residual stream norm jumped from {p:.4e} to {norm:.4e}"),
+                    ));
                 }
             }
             prev_norm = Some(norm);
@@ -230,34 +320,64 @@ impl ReferenceDump {
     /// Read a safetensors dump written by `tools/hf_dump.py` (or by `--dump`).
     pub fn load(path: &Path) -> Result<Self, String> {
         let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        let st = safetensors::SafeTensors::deserialize(&bytes)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         let mut tensors = HashMap::new();
         let mut tokens = None;
         for (name, view) in st.tensors() {
             let d = view.data();
             match view.dtype() {
                 safetensors::Dtype::F32 => {
-                    tensors.insert(name, d.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect());
+                    tensors.insert(
+                        name,
+                        d.chunks_exact(4)
+                            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                            .collect(),
+                    );
                 }
                 safetensors::Dtype::I64 if name == "tokens" => {
-                    tokens = Some(d.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as u32).collect());
+                    tokens = Some(
+                        d.chunks_exact(8)
+                            .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as u32)
+                            .collect(),
+                    );
                 }
                 _ => {}
             }
         }
-        let tokens = tokens.ok_or_else(|| format!("{}: no `tokens` (i64) tensor: cannot rerun the same prompt", path.display()))?;
+        let tokens = tokens.ok_or_else(|| {
+            format!(
+                "{}: no `tokens` (i64) tensor: cannot rerun the same prompt",
+                path.display()
+            )
+        })?;
         Ok(ReferenceDump { tokens, tensors })
     }
 }
 
 /// (d) the first probe whose relative error against the reference passes `threshold`.
-pub fn check_reference(model: &Model, reference: &ReferenceDump, threshold: f64) -> Result<Vec<Finding>, crate::ModelError> {
+pub fn check_reference(
+    model: &Model,
+    reference: &ReferenceDump,
+    threshold: f64,
+) -> Result<Vec<Finding>, crate::ModelError> {
     let ours = capture(model, &reference.tokens, AttentionPath::Auto, 0)?;
     let mut compared = 0;
     for (name, data, _) in &ours {
-        let Some(want) = reference.tensors.get(name) else { continue };
+        let Some(want) = reference.tensors.get(name) else {
+            continue;
+        };
         if want.len() != data.len() {
-            return Ok(vec![f("reference", Severity::Error, name.clone(), format!("shape differs: {} values here, {} in the reference", data.len(), want.len()))]);
+            return Ok(vec![f(
+                "reference",
+                Severity::Error,
+                name.clone(),
+                format!(
+                    "shape differs: {} values here, {} in the reference",
+                    data.len(),
+                    want.len()
+                ),
+            )]);
         }
         compared += 1;
         let e = rel_l2(data, want);
@@ -268,9 +388,19 @@ pub fn check_reference(model: &Model, reference: &ReferenceDump, threshold: f64)
         }
     }
     if compared == 0 {
-        return Ok(vec![f("reference", Severity::Warning, "-", "no probe name in common with the reference dump")]);
+        return Ok(vec![f(
+            "reference",
+            Severity::Warning,
+            "-",
+            "no probe name in common with the reference dump",
+        )]);
     }
-    Ok(vec![f("reference", Severity::Info, "-", format!("all {compared} common probes within {threshold:.0e} of the reference"))])
+    Ok(vec![f(
+        "reference",
+        Severity::Info,
+        "-",
+        format!("all {compared} common probes within {threshold:.0e} of the reference"),
+    )])
 }
 
 /// Run every check on `path`.
@@ -281,9 +411,16 @@ pub fn diagnose(path: &Path, reference: Option<&Path>) -> Report {
         let first_err = findings.iter().find(|x| x.severity == Severity::Error);
         let verdict = match first_err {
             Some(e) => format!("UNHEALTHY: [{}] {}: {}", e.check, e.location, e.message),
-            None => "healthy: metadata consistent, all attention paths agree, norms sane".to_string(),
+            None => {
+                "healthy: metadata consistent, all attention paths agree, norms sane".to_string()
+            }
         };
-        Report { model: name.clone(), healthy: first_err.is_none(), verdict, findings }
+        Report {
+            model: name.clone(),
+            healthy: first_err.is_none(),
+            verdict,
+            findings,
+        }
     };
     if path.is_file() {
         match GgufFile::open(path) {

@@ -47,8 +47,12 @@ pub fn write_step(dir: &Path, records: &[Record]) -> std::io::Result<()> {
             .map(|(n, b, s, d)| TensorView::new(*d, s.clone(), b).map(|v| (n.clone(), v)))
             .collect::<Result<_, _>>()
             .map_err(|e| std::io::Error::other(format!("dump: {e}")))?;
-        let out = safetensors::serialize(views, Some(meta)).map_err(|e| std::io::Error::other(format!("dump: {e}")))?;
-        std::fs::write(dir.join(format!("step{step:06}_rank{rank}.safetensors")), out)?;
+        let out = safetensors::serialize(views, Some(meta))
+            .map_err(|e| std::io::Error::other(format!("dump: {e}")))?;
+        std::fs::write(
+            dir.join(format!("step{step:06}_rank{rank}.safetensors")),
+            out,
+        )?;
     }
     Ok(())
 }

@@ -10,7 +10,11 @@ pub enum ModelError {
     Config { source_name: String, msg: String },
     /// A tensor is missing, has the wrong shape or an unusable type.
     #[error("{source_name}: tensor `{tensor}`: {msg}")]
-    Tensor { source_name: String, tensor: String, msg: String },
+    Tensor {
+        source_name: String,
+        tensor: String,
+        msg: String,
+    },
     /// Reading the file failed.
     #[error("{path}: {msg}")]
     Io { path: PathBuf, msg: String },

@@ -31,7 +31,9 @@ impl std::str::FromStr for AttentionPath {
             "auto" => Ok(Self::Auto),
             "mha" => Ok(Self::Mha),
             "mqa" => Ok(Self::Mqa),
-            other => Err(format!("unknown attention path `{other}` (expected auto, mha or mqa)")),
+            other => Err(format!(
+                "unknown attention path `{other}` (expected auto, mha or mqa)"
+            )),
         }
     }
 }
@@ -80,7 +82,11 @@ pub struct ForwardBatch {
 
 impl ForwardBatch {
     /// Flatten `seqs`, computing positions, slots and paths; checks every invariant.
-    pub fn new(seqs: Vec<SeqInput>, block_size: usize, path: AttentionPath) -> Result<Self, ModelError> {
+    pub fn new(
+        seqs: Vec<SeqInput>,
+        block_size: usize,
+        path: AttentionPath,
+    ) -> Result<Self, ModelError> {
         if block_size == 0 {
             return Err(ModelError::Batch("block_size must be > 0".into()));
         }
@@ -110,12 +116,22 @@ impl ForwardBatch {
                 let p = s.context_len + j;
                 tokens.push(t);
                 positions.push(p);
-                slot_mapping.push(s.block_table[p / block_size] as usize * block_size + p % block_size);
+                slot_mapping
+                    .push(s.block_table[p / block_size] as usize * block_size + p % block_size);
                 is_decode.push(decode);
             }
             seq_starts.push(tokens.len());
         }
-        Ok(Self { seqs, block_size, path, tokens, positions, slot_mapping, is_decode, seq_starts })
+        Ok(Self {
+            seqs,
+            block_size,
+            path,
+            tokens,
+            positions,
+            slot_mapping,
+            is_decode,
+            seq_starts,
+        })
     }
 
     /// Total new tokens T.

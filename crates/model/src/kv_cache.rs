@@ -32,15 +32,22 @@ impl LatentCache {
             block_size,
             latent_dim,
             index_dim,
-            latent: (0..config.num_layers).map(|_| vec![0.0; slots * latent_dim]).collect(),
-            index_keys: (0..config.num_layers).map(|_| vec![0.0; slots * index_dim]).collect(),
+            latent: (0..config.num_layers)
+                .map(|_| vec![0.0; slots * latent_dim])
+                .collect(),
+            index_keys: (0..config.num_layers)
+                .map(|_| vec![0.0; slots * index_dim])
+                .collect(),
         }
     }
 
     /// Bytes one block takes across all layers.
     pub fn bytes_per_block(config: &ModelConfig, block_size: usize) -> usize {
         let index_dim = config.indexer.as_ref().map_or(0, |ix| ix.head_dim);
-        config.num_layers * block_size * (config.latent_dim() + index_dim) * std::mem::size_of::<f32>()
+        config.num_layers
+            * block_size
+            * (config.latent_dim() + index_dim)
+            * std::mem::size_of::<f32>()
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -84,10 +91,16 @@ impl LatentCache {
     pub fn copy_block(&mut self, src: u32, dst: u32) {
         let (bs, ld, id) = (self.block_size, self.latent_dim, self.index_dim);
         for layer in &mut self.latent {
-            layer.copy_within(src as usize * bs * ld..(src as usize + 1) * bs * ld, dst as usize * bs * ld);
+            layer.copy_within(
+                src as usize * bs * ld..(src as usize + 1) * bs * ld,
+                dst as usize * bs * ld,
+            );
         }
         for layer in &mut self.index_keys {
-            layer.copy_within(src as usize * bs * id..(src as usize + 1) * bs * id, dst as usize * bs * id);
+            layer.copy_within(
+                src as usize * bs * id..(src as usize + 1) * bs * id,
+                dst as usize * bs * id,
+            );
         }
     }
 }

@@ -22,5 +22,5 @@ pub use config::{Arch, Gating, IndexerConfig, ModelConfig, MoeConfig, Yarn};
 pub use error::ModelError;
 pub use forward_batch::{AttentionPath, ForwardBatch, LogitsWanted, SeqInput};
 pub use kv_cache::LatentCache;
-pub use model::{LoadOptions, Model};
 pub use mlaserve_gguf as gguf;
+pub use model::{LoadOptions, Model};

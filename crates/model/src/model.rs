@@ -44,7 +44,10 @@ impl Model {
     pub fn load(path: &Path, options: &LoadOptions) -> Result<Model, ModelError> {
         let (config, source) = if path.is_dir() {
             let dir = HfDir::open(path)?;
-            let cfg = ModelConfig::from_hf_json(&dir.config_json, &path.join("config.json").display().to_string())?;
+            let cfg = ModelConfig::from_hf_json(
+                &dir.config_json,
+                &path.join("config.json").display().to_string(),
+            )?;
             (cfg, Source::Hf(dir))
         } else {
             let file = GgufFile::open(path)?;
@@ -52,8 +55,19 @@ impl Model {
             (cfg, Source::Gguf(Arc::new(file)))
         };
         let weights = Weights::load(&source, &config, options.dequantize)?;
-        let rope = Rope::new(config.qk_rope_head_dim, config.rope_theta, config.yarn.as_ref());
-        Ok(Model { config, source, path: path.to_path_buf(), weights, rope, options: options.clone() })
+        let rope = Rope::new(
+            config.qk_rope_head_dim,
+            config.rope_theta,
+            config.yarn.as_ref(),
+        );
+        Ok(Model {
+            config,
+            source,
+            path: path.to_path_buf(),
+            weights,
+            rope,
+            options: options.clone(),
+        })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -91,23 +105,43 @@ impl Model {
         }
         if let Some(&s) = batch.slot_mapping.iter().max() {
             if s >= cache.num_slots() {
-                return Err(ModelError::Batch(format!("slot {s} past the cache's {} slots", cache.num_slots())));
+                return Err(ModelError::Batch(format!(
+                    "slot {s} past the cache's {} slots",
+                    cache.num_slots()
+                )));
             }
         }
         for seq in &batch.seqs {
             let end = seq.context_len + seq.tokens.len();
-            if let Some(&b) = seq.block_table[..end.div_ceil(batch.block_size)].iter().max() {
+            if let Some(&b) = seq.block_table[..end.div_ceil(batch.block_size)]
+                .iter()
+                .max()
+            {
                 if b as usize >= cache.num_blocks() {
-                    return Err(ModelError::Batch(format!("block {b} past the cache's {} blocks", cache.num_blocks())));
+                    return Err(ModelError::Batch(format!(
+                        "block {b} past the cache's {} blocks",
+                        cache.num_blocks()
+                    )));
                 }
             }
         }
-        if let Some(&tok) = batch.tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
-            return Err(ModelError::Batch(format!("token id {tok} >= vocab size {}", self.config.vocab_size)));
+        if let Some(&tok) = batch
+            .tokens
+            .iter()
+            .find(|&&t| t as usize >= self.config.vocab_size)
+        {
+            return Err(ModelError::Batch(format!(
+                "token id {tok} >= vocab size {}",
+                self.config.vocab_size
+            )));
         }
         if let Some(&p) = batch.positions.iter().max() {
             if p >= self.config.context_length.max(1) * 4 {
-                tracing::warn!(position = p, context = self.config.context_length, "position far past the trained context");
+                tracing::warn!(
+                    position = p,
+                    context = self.config.context_length,
+                    "position far past the trained context"
+                );
             }
         }
         Ok(())
@@ -115,7 +149,11 @@ impl Model {
 
     /// Run one step: write the new tokens' latent rows into `cache`, attend, and return logits
     /// [batch.logits_indices().len(), vocab_size] row-major.
-    pub fn forward(&self, batch: &ForwardBatch, cache: &mut LatentCache) -> Result<Vec<f32>, ModelError> {
+    pub fn forward(
+        &self,
+        batch: &ForwardBatch,
+        cache: &mut LatentCache,
+    ) -> Result<Vec<f32>, ModelError> {
         self.check(batch, cache)?;
         let cfg = &self.config;
         let (t, hsz) = (batch.num_tokens(), cfg.hidden_size);
@@ -123,13 +161,24 @@ impl Model {
         // x: [T, H] residual stream.
         let mut x = vec![0f32; t * hsz];
         for (i, &tok) in batch.tokens.iter().enumerate() {
-            self.weights.embed.dequantize_row(tok as usize, &mut x[i * hsz..(i + 1) * hsz]);
+            self.weights
+                .embed
+                .dequantize_row(tok as usize, &mut x[i * hsz..(i + 1) * hsz]);
         }
         for (li, layer) in self.weights.layers.iter().enumerate() {
             let mut hn = x.clone();
             rms_norm(&mut hn, hsz, &layer.attn_norm, cfg.rms_norm_eps);
             probe(Some(li), "attn_norm", PathTag::None, &[t, hsz], &hn);
-            let attn = mla::forward(cfg, li, &layer.mla, layer.indexer.as_ref(), &self.rope, &hn, batch, cache);
+            let attn = mla::forward(
+                cfg,
+                li,
+                &layer.mla,
+                layer.indexer.as_ref(),
+                &self.rope,
+                &hn,
+                batch,
+                cache,
+            );
             for (a, b) in x.iter_mut().zip(&attn) {
                 *a += b;
             }
@@ -142,7 +191,9 @@ impl Model {
                     probe(Some(li), "mlp.out", PathTag::None, &[t, hsz], &out);
                     out
                 }
-                (Ffn::Moe(_), None) => unreachable!("MoE weights are only loaded with a MoE config"),
+                (Ffn::Moe(_), None) => {
+                    unreachable!("MoE weights are only loaded with a MoE config")
+                }
             };
             for (a, b) in x.iter_mut().zip(&ffn) {
                 *a += b;
@@ -150,12 +201,24 @@ impl Model {
             probe(Some(li), "out", PathTag::None, &[t, hsz], &x);
         }
         let idx = batch.logits_indices();
-        let mut last: Vec<f32> = idx.iter().flat_map(|&i| x[i * hsz..(i + 1) * hsz].iter().copied()).collect();
+        let mut last: Vec<f32> = idx
+            .iter()
+            .flat_map(|&i| x[i * hsz..(i + 1) * hsz].iter().copied())
+            .collect();
         rms_norm(&mut last, hsz, &self.weights.output_norm, cfg.rms_norm_eps);
         let mut logits = vec![0f32; idx.len() * cfg.vocab_size];
         matmul(&last, idx.len(), &self.weights.lm_head, &mut logits);
-        probe(None, "logits", PathTag::None, &[idx.len(), cfg.vocab_size], &logits);
-        probe::end_step().map_err(|e| ModelError::Io { path: PathBuf::from("--dump"), msg: e.to_string() })?;
+        probe(
+            None,
+            "logits",
+            PathTag::None,
+            &[idx.len(), cfg.vocab_size],
+            &logits,
+        );
+        probe::end_step().map_err(|e| ModelError::Io {
+            path: PathBuf::from("--dump"),
+            msg: e.to_string(),
+        })?;
         Ok(logits)
     }
 }

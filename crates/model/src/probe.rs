@@ -89,7 +89,17 @@ impl Stats {
                 absmax = absmax.max(x.abs());
             }
         }
-        Stats { l2: sq.sqrt(), mean: if data.is_empty() { 0.0 } else { sum / data.len() as f64 }, absmax, nan, inf }
+        Stats {
+            l2: sq.sqrt(),
+            mean: if data.is_empty() {
+                0.0
+            } else {
+                sum / data.len() as f64
+            },
+            absmax,
+            nan,
+            inf,
+        }
     }
 }
 
@@ -134,7 +144,14 @@ pub fn parse_spec(spec: &str) -> (Vec<String>, usize) {
         Some((g, n)) if n.parse::<usize>().is_ok() => (g, n.parse().unwrap_or(8)),
         _ => (spec, 8),
     };
-    (globs.split(',').filter(|g| !g.is_empty()).map(str::to_string).collect(), n)
+    (
+        globs
+            .split(',')
+            .filter(|g| !g.is_empty())
+            .map(str::to_string)
+            .collect(),
+        n,
+    )
 }
 
 /// Configure tracing (stderr lines) and dumping (safetensors per step). `None` leaves a part off.
@@ -224,7 +241,15 @@ fn probe_slow(layer: Option<usize>, point: &str, path: PathTag, shape: &[usize],
     CAPTURE.with(|c| {
         if let Some((globs, records)) = c.borrow_mut().as_mut() {
             if globs.iter().any(|p| glob_match(p, &name)) {
-                records.push(Record { name: name.clone(), step, rank, path, shape: shape.to_vec(), data: data.to_vec(), positions: positions() });
+                records.push(Record {
+                    name: name.clone(),
+                    step,
+                    rank,
+                    path,
+                    shape: shape.to_vec(),
+                    data: data.to_vec(),
+                    positions: positions(),
+                });
             }
         }
     });
@@ -251,7 +276,15 @@ fn probe_slow(layer: Option<usize>, point: &str, path: PathTag, shape: &[usize],
         }
     }
     if st.capture.iter().any(|p| glob_match(p, &name)) {
-        st.records.push(Record { name, step, rank, path, shape: shape.to_vec(), data: data.to_vec(), positions: positions() });
+        st.records.push(Record {
+            name,
+            step,
+            rank,
+            path,
+            shape: shape.to_vec(),
+            data: data.to_vec(),
+            positions: positions(),
+        });
     }
 }
 
@@ -263,7 +296,9 @@ pub fn end_step() -> std::io::Result<()> {
     }
     let mut g = STATE.lock().unwrap_or_else(|e| e.into_inner());
     let Some(st) = g.as_mut() else { return Ok(()) };
-    let Some(dir) = st.dump_dir.clone() else { return Ok(()) };
+    let Some(dir) = st.dump_dir.clone() else {
+        return Ok(());
+    };
     if st.records.is_empty() {
         return Ok(());
     }

@@ -14,7 +14,12 @@ use crate::model::Model;
 pub const SCORE_BLOCK_SIZE: usize = 16;
 
 /// Logits [tokens.len(), vocab] of `tokens` fed in chunks of `chunk` (0 = all at once).
-pub fn score(model: &Model, tokens: &[u32], path: AttentionPath, chunk: usize) -> Result<Vec<f32>, ModelError> {
+pub fn score(
+    model: &Model,
+    tokens: &[u32],
+    path: AttentionPath,
+    chunk: usize,
+) -> Result<Vec<f32>, ModelError> {
     if tokens.is_empty() {
         return Err(ModelError::Batch("no tokens to score".into()));
     }
@@ -41,7 +46,12 @@ pub fn score(model: &Model, tokens: &[u32], path: AttentionPath, chunk: usize) -
 
 /// Greedy continuation of `prompt` by `n` tokens (argmax, ties to the lower id), one decode
 /// step per token over the latent cache. Returns only the generated ids.
-pub fn greedy(model: &Model, prompt: &[u32], n: usize, path: AttentionPath) -> Result<Vec<u32>, ModelError> {
+pub fn greedy(
+    model: &Model,
+    prompt: &[u32],
+    n: usize,
+    path: AttentionPath,
+) -> Result<Vec<u32>, ModelError> {
     if prompt.is_empty() {
         return Err(ModelError::Batch("empty prompt".into()));
     }
@@ -54,7 +64,12 @@ pub fn greedy(model: &Model, prompt: &[u32], n: usize, path: AttentionPath) -> R
     let mut next: Vec<u32> = prompt.to_vec();
     let mut ctx = 0;
     for _ in 0..n {
-        let seq = SeqInput { tokens: next.clone(), context_len: ctx, block_table: block_table.clone(), logits: LogitsWanted::Last };
+        let seq = SeqInput {
+            tokens: next.clone(),
+            context_len: ctx,
+            block_table: block_table.clone(),
+            logits: LogitsWanted::Last,
+        };
         let batch = ForwardBatch::new(vec![seq], SCORE_BLOCK_SIZE, path)?;
         let logits = model.forward(&batch, &mut cache)?;
         ctx += next.len();

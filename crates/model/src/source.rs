@@ -6,9 +6,9 @@
 //! memory map (zero copy).
 
 use crate::error::ModelError;
+use memmap2::Mmap;
 use mlaserve_backend::{Bytes, QMatrix};
 use mlaserve_gguf::{GgmlType, GgufFile};
-use memmap2::Mmap;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -39,9 +39,12 @@ impl AsRef<[u8]> for MmapBytes {
 impl HfDir {
     /// Map every `*.safetensors` file of `dir` and index its tensors.
     pub fn open(dir: &Path) -> Result<Self, ModelError> {
-        let io = |msg: String| ModelError::Io { path: dir.to_path_buf(), msg };
-        let config_json =
-            std::fs::read_to_string(dir.join("config.json")).map_err(|e| io(format!("config.json: {e}")))?;
+        let io = |msg: String| ModelError::Io {
+            path: dir.to_path_buf(),
+            msg,
+        };
+        let config_json = std::fs::read_to_string(dir.join("config.json"))
+            .map_err(|e| io(format!("config.json: {e}")))?;
         let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
             .map_err(|e| io(e.to_string()))?
             .filter_map(|e| e.ok().map(|e| e.path()))
@@ -54,12 +57,21 @@ impl HfDir {
         let mut maps = Vec::new();
         let mut entries = HashMap::new();
         for (fi, path) in files.iter().enumerate() {
-            let f = std::fs::File::open(path).map_err(|e| ModelError::Io { path: path.clone(), msg: e.to_string() })?;
+            let f = std::fs::File::open(path).map_err(|e| ModelError::Io {
+                path: path.clone(),
+                msg: e.to_string(),
+            })?;
             // SAFETY: the file is mapped read-only; concurrent truncation by another process is
             // outside what any mmap-based loader can defend against.
-            let map = unsafe { Mmap::map(&f) }.map_err(|e| ModelError::Io { path: path.clone(), msg: e.to_string() })?;
-            let (header_len, meta) = safetensors::SafeTensors::read_metadata(&map)
-                .map_err(|e| ModelError::Io { path: path.clone(), msg: format!("bad safetensors header: {e}") })?;
+            let map = unsafe { Mmap::map(&f) }.map_err(|e| ModelError::Io {
+                path: path.clone(),
+                msg: e.to_string(),
+            })?;
+            let (header_len, meta) =
+                safetensors::SafeTensors::read_metadata(&map).map_err(|e| ModelError::Io {
+                    path: path.clone(),
+                    msg: format!("bad safetensors header: {e}"),
+                })?;
             let base = 8 + header_len;
             for (name, info) in meta.tensors() {
                 let dtype = match info.dtype {
@@ -77,12 +89,22 @@ impl HfDir {
                 let (a, b) = info.data_offsets;
                 entries.insert(
                     name.clone(),
-                    StEntry { file: fi, dtype, shape: info.shape.clone(), range: base + a..base + b },
+                    StEntry {
+                        file: fi,
+                        dtype,
+                        shape: info.shape.clone(),
+                        range: base + a..base + b,
+                    },
                 );
             }
             maps.push(Arc::new(map));
         }
-        Ok(Self { dir: dir.to_path_buf(), config_json, maps, entries })
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            config_json,
+            maps,
+            entries,
+        })
     }
 }
 
@@ -152,7 +174,11 @@ impl Source {
     }
 
     fn tensor_err(&self, tensor: &str, msg: impl Into<String>) -> ModelError {
-        ModelError::Tensor { source_name: self.name(), tensor: tensor.to_string(), msg: msg.into() }
+        ModelError::Tensor {
+            source_name: self.name(),
+            tensor: tensor.to_string(),
+            msg: msg.into(),
+        }
     }
 
     /// Whether the tensor exists.
@@ -167,16 +193,30 @@ impl Source {
     fn raw(&self, name: &str) -> Result<(GgmlType, Vec<usize>, Bytes), ModelError> {
         match self {
             Source::Gguf(f) => {
-                let info = f.tensor(name).ok_or_else(|| self.tensor_err(name, "missing"))?;
+                let info = f
+                    .tensor(name)
+                    .ok_or_else(|| self.tensor_err(name, "missing"))?;
                 let tb = f.tensor_bytes(info);
                 let len = tb.len();
-                Ok((info.ggml_type, info.shape(), Bytes::from_arc(Arc::new(tb), 0..len)))
+                Ok((
+                    info.ggml_type,
+                    info.shape(),
+                    Bytes::from_arc(Arc::new(tb), 0..len),
+                ))
             }
             Source::Hf(d) => {
                 let hf = hf_name(name).ok_or_else(|| self.tensor_err(name, "no HF counterpart"))?;
-                let e = d.entries.get(&hf).ok_or_else(|| self.tensor_err(name, format!("missing (HF name `{hf}`)")))?;
-                let map: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(MmapBytes(d.maps[e.file].clone()));
-                Ok((e.dtype, e.shape.clone(), Bytes::from_arc(map, e.range.clone())))
+                let e = d
+                    .entries
+                    .get(&hf)
+                    .ok_or_else(|| self.tensor_err(name, format!("missing (HF name `{hf}`)")))?;
+                let map: Arc<dyn AsRef<[u8]> + Send + Sync> =
+                    Arc::new(MmapBytes(d.maps[e.file].clone()));
+                Ok((
+                    e.dtype,
+                    e.shape.clone(),
+                    Bytes::from_arc(map, e.range.clone()),
+                ))
             }
         }
     }
@@ -187,7 +227,9 @@ impl Source {
         let (ty, shape, bytes) = self.raw(name)?;
         let n: usize = shape.iter().product();
         if shape.last() != Some(&cols) || n != rows * cols {
-            return Err(self.tensor_err(name, format!("shape {shape:?}, expected [{rows}, {cols}]")));
+            return Err(
+                self.tensor_err(name, format!("shape {shape:?}, expected [{rows}, {cols}]"))
+            );
         }
         QMatrix::new(ty, rows, cols, bytes).map_err(|e| self.tensor_err(name, e.to_string()))
     }
@@ -200,7 +242,8 @@ impl Source {
         }
         let cols = *shape.last().unwrap_or(&1);
         let rows = shape.iter().product::<usize>() / cols.max(1);
-        let m = QMatrix::new(ty, rows, cols, bytes).map_err(|e| self.tensor_err(name, e.to_string()))?;
+        let m = QMatrix::new(ty, rows, cols, bytes)
+            .map_err(|e| self.tensor_err(name, e.to_string()))?;
         Ok(m.to_f32())
     }
 
@@ -222,17 +265,28 @@ impl Source {
         match self {
             Source::Gguf(_) => {
                 let name = format!("blk.{layer}.ffn_{short}_exps.weight");
-                Ok(self.matrix(&name, num_experts * rows, cols)?.rows_slice(e * rows, rows))
+                Ok(self
+                    .matrix(&name, num_experts * rows, cols)?
+                    .rows_slice(e * rows, rows))
             }
             Source::Hf(d) => {
                 let per = format!("model.layers.{layer}.mlp.experts.{e}.{short}_proj.weight");
                 if let Some(en) = d.entries.get(&per) {
                     if en.shape != [rows, cols] {
-                        return Err(self.tensor_err(&per, format!("shape {:?}, expected [{rows}, {cols}]", en.shape)));
+                        return Err(self.tensor_err(
+                            &per,
+                            format!("shape {:?}, expected [{rows}, {cols}]", en.shape),
+                        ));
                     }
-                    let map: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(MmapBytes(d.maps[en.file].clone()));
-                    return QMatrix::new(en.dtype, rows, cols, Bytes::from_arc(map, en.range.clone()))
-                        .map_err(|er| self.tensor_err(&per, er.to_string()));
+                    let map: Arc<dyn AsRef<[u8]> + Send + Sync> =
+                        Arc::new(MmapBytes(d.maps[en.file].clone()));
+                    return QMatrix::new(
+                        en.dtype,
+                        rows,
+                        cols,
+                        Bytes::from_arc(map, en.range.clone()),
+                    )
+                    .map_err(|er| self.tensor_err(&per, er.to_string()));
                 }
                 // transformers 5 fused layout: gate_up_proj [E, 2F, H] (gate rows first), down_proj [E, H, F].
                 let (fused, row0, total_rows) = match proj {
@@ -241,16 +295,27 @@ impl Source {
                     ExpertProj::Down => ("down_proj", 0, rows),
                 };
                 let name = format!("model.layers.{layer}.mlp.experts.{fused}");
-                let en = d
-                    .entries
-                    .get(&name)
-                    .ok_or_else(|| self.tensor_err(&per, "missing (neither per-expert nor fused experts found)"))?;
+                let en = d.entries.get(&name).ok_or_else(|| {
+                    self.tensor_err(&per, "missing (neither per-expert nor fused experts found)")
+                })?;
                 if en.shape != [num_experts, total_rows, cols] {
-                    return Err(self.tensor_err(&name, format!("shape {:?}, expected [{num_experts}, {total_rows}, {cols}]", en.shape)));
+                    return Err(self.tensor_err(
+                        &name,
+                        format!(
+                            "shape {:?}, expected [{num_experts}, {total_rows}, {cols}]",
+                            en.shape
+                        ),
+                    ));
                 }
-                let map: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(MmapBytes(d.maps[en.file].clone()));
-                let all = QMatrix::new(en.dtype, num_experts * total_rows, cols, Bytes::from_arc(map, en.range.clone()))
-                    .map_err(|er| self.tensor_err(&name, er.to_string()))?;
+                let map: Arc<dyn AsRef<[u8]> + Send + Sync> =
+                    Arc::new(MmapBytes(d.maps[en.file].clone()));
+                let all = QMatrix::new(
+                    en.dtype,
+                    num_experts * total_rows,
+                    cols,
+                    Bytes::from_arc(map, en.range.clone()),
+                )
+                .map_err(|er| self.tensor_err(&name, er.to_string()))?;
                 Ok(all.rows_slice(e * total_rows + row0, rows))
             }
         }

@@ -113,7 +113,15 @@ impl Loader<'_> {
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<QMatrix, ModelError> {
         Ok(self.fix(self.src.matrix(name, rows, cols)?))
     }
-    fn expert(&self, layer: usize, proj: ExpertProj, e: usize, n: usize, rows: usize, cols: usize) -> Result<QMatrix, ModelError> {
+    fn expert(
+        &self,
+        layer: usize,
+        proj: ExpertProj,
+        e: usize,
+        n: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<QMatrix, ModelError> {
         Ok(self.fix(self.src.expert(layer, proj, e, n, rows, cols)?))
     }
     fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
@@ -136,8 +144,17 @@ fn mlp(src: &Loader, prefix: &str, suffix: &str, h: usize, f: usize) -> Result<M
 }
 
 /// Per-head absorbed matrices from either kv_b layout.
-fn kv_b(src: &Loader, cfg: &ModelConfig, i: usize) -> Result<(QMatrix, QMatrix, QMatrix), ModelError> {
-    let (n, p, v, l) = (cfg.num_heads, cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank);
+fn kv_b(
+    src: &Loader,
+    cfg: &ModelConfig,
+    i: usize,
+) -> Result<(QMatrix, QMatrix, QMatrix), ModelError> {
+    let (n, p, v, l) = (
+        cfg.num_heads,
+        cfg.qk_nope_head_dim,
+        cfg.v_head_dim,
+        cfg.kv_lora_rank,
+    );
     let mut w_uk = vec![0f32; n * p * l];
     let mut w_uv = vec![0f32; n * v * l];
     let legacy = format!("blk.{i}.attn_kv_b.weight");
@@ -147,7 +164,8 @@ fn kv_b(src: &Loader, cfg: &ModelConfig, i: usize) -> Result<(QMatrix, QMatrix, 
         for h in 0..n {
             let base = h * (p + v) * l;
             w_uk[h * p * l..(h + 1) * p * l].copy_from_slice(&kvb[base..base + p * l]);
-            w_uv[h * v * l..(h + 1) * v * l].copy_from_slice(&kvb[base + p * l..base + (p + v) * l]);
+            w_uv[h * v * l..(h + 1) * v * l]
+                .copy_from_slice(&kvb[base + p * l..base + (p + v) * l]);
         }
     } else {
         // attn_k_b [N, L, P]: k_b[h, l, p] = W_UK_h[p, l]. attn_v_b [N, V, L] = W_UV_h.
@@ -209,7 +227,11 @@ impl Weights {
                     Some(src.f32(&format!("{b}.attn_q_a_norm.weight"), &[lq])?),
                     src.matrix(&format!("{b}.attn_q_b.weight"), n * qk, lq)?,
                 ),
-                None => (None, None, src.matrix(&format!("{b}.attn_q.weight"), n * qk, h)?),
+                None => (
+                    None,
+                    None,
+                    src.matrix(&format!("{b}.attn_q.weight"), n * qk, h)?,
+                ),
             };
             let (w_uk, w_uk_t, w_uv) = kv_b(src, cfg, i)?;
             let mla = MlaWeights {
@@ -225,7 +247,11 @@ impl Weights {
             };
             let indexer = match (&cfg.indexer, cfg.q_lora_rank) {
                 (Some(ix), Some(lq)) => Some(IndexerWeights {
-                    wq_b: src.matrix(&format!("{b}.indexer.attn_q_b.weight"), ix.num_heads * ix.head_dim, lq)?,
+                    wq_b: src.matrix(
+                        &format!("{b}.indexer.attn_q_b.weight"),
+                        ix.num_heads * ix.head_dim,
+                        lq,
+                    )?,
                     wk: src.matrix(&format!("{b}.indexer.attn_k.weight"), ix.head_dim, h)?,
                     k_norm_w: src.f32(&format!("{b}.indexer.k_norm.weight"), &[ix.head_dim])?,
                     k_norm_b: src.f32(&format!("{b}.indexer.k_norm.bias"), &[ix.head_dim])?,
@@ -237,10 +263,21 @@ impl Weights {
                 Some(m) if cfg.is_moe_layer(i) => {
                     let e = m.num_experts;
                     let f = m.moe_intermediate_size;
-                    let router = QMatrix::from_f32(e, h, src.f32(&format!("{b}.ffn_gate_inp.weight"), &[e, h])?);
+                    let router = QMatrix::from_f32(
+                        e,
+                        h,
+                        src.f32(&format!("{b}.ffn_gate_inp.weight"), &[e, h])?,
+                    );
                     let bias_name = format!("{b}.exp_probs_b.bias");
-                    let correction_bias = if src.has(&bias_name) { Some(src.f32(&bias_name, &[e])?) } else { None };
-                    if m.gating == Gating::Sigmoid && correction_bias.is_none() && m.has_correction_bias {
+                    let correction_bias = if src.has(&bias_name) {
+                        Some(src.f32(&bias_name, &[e])?)
+                    } else {
+                        None
+                    };
+                    if m.gating == Gating::Sigmoid
+                        && correction_bias.is_none()
+                        && m.has_correction_bias
+                    {
                         return Err(ModelError::Tensor {
                             source_name: src.name(),
                             tensor: bias_name,
@@ -260,7 +297,12 @@ impl Weights {
                     } else {
                         None
                     };
-                    Ffn::Moe(Moe { router, correction_bias, experts, shared })
+                    Ffn::Moe(Moe {
+                        router,
+                        correction_bias,
+                        experts,
+                        shared,
+                    })
                 }
                 _ => Ffn::Dense(mlp(src, &b, "", h, cfg.intermediate_size)?),
             };
@@ -272,6 +314,11 @@ impl Weights {
                 ffn,
             });
         }
-        Ok(Weights { embed, layers, output_norm, lm_head })
+        Ok(Weights {
+            embed,
+            layers,
+            output_norm,
+            lm_head,
+        })
     }
 }

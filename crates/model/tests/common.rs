@@ -9,7 +9,9 @@ use std::path::PathBuf;
 pub const MODELS: &[&str] = &["deepseek_v2", "deepseek_v3", "glm_moe_dsa"];
 
 pub fn fixture_dir(model: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models").join(model)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/models")
+        .join(model)
 }
 
 pub fn load(model: &str, file: &str) -> Model {
@@ -34,28 +36,54 @@ pub struct Reference {
 impl Reference {
     pub fn load(model: &str) -> Reference {
         let dir = fixture_dir(model);
-        let j: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).expect("reference.json")).unwrap();
-        let ids = |v: &serde_json::Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
-        let mut prompts: Vec<(String, Vec<u32>)> =
-            j["prompts"].as_object().unwrap().iter().map(|(k, v)| (k.clone(), ids(v))).collect();
+        let j: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("reference.json")).expect("reference.json"),
+        )
+        .unwrap();
+        let ids = |v: &serde_json::Value| -> Vec<u32> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect()
+        };
+        let mut prompts: Vec<(String, Vec<u32>)> = j["prompts"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), ids(v)))
+            .collect();
         prompts.sort_by_key(|(_, v)| v.len());
         let mut greedy = HashMap::new();
         for (variant, v) in j["variants"].as_object().unwrap() {
-            let g = v["greedy"].as_object().unwrap().iter().map(|(k, x)| (k.clone(), ids(x))).collect();
+            let g = v["greedy"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, x)| (k.clone(), ids(x)))
+                .collect();
             greedy.insert(variant.clone(), g);
         }
-        let bytes = std::fs::read(dir.join("reference.safetensors")).expect("reference.safetensors");
+        let bytes =
+            std::fs::read(dir.join("reference.safetensors")).expect("reference.safetensors");
         let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
         let logits = st
             .tensors()
             .into_iter()
             .map(|(name, view)| {
-                let data = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+                let data = view
+                    .data()
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect();
                 (name, data)
             })
             .collect();
-        Reference { prompts, greedy, logits }
+        Reference {
+            prompts,
+            greedy,
+            logits,
+        }
     }
 
     /// Input ids for (variant, prompt): prompt + greedy[:-1].
@@ -80,7 +108,11 @@ pub fn max_rel_err(a: &[f32], b: &[f32], vocab: usize) -> f32 {
 
 /// Fraction of rows whose argmax agrees, and the median row relative error.
 pub fn agreement(a: &[f32], b: &[f32], vocab: usize) -> (f32, f32) {
-    let argmax = |x: &[f32]| x.iter().enumerate().fold(0, |bi, (i, v)| if *v > x[bi] { i } else { bi });
+    let argmax = |x: &[f32]| {
+        x.iter()
+            .enumerate()
+            .fold(0, |bi, (i, v)| if *v > x[bi] { i } else { bi })
+    };
     let rows: Vec<(bool, f32)> = a
         .chunks(vocab)
         .zip(b.chunks(vocab))

@@ -51,7 +51,10 @@ fn glm_long_prompt_really_is_sparse() {
     let topk = model.config().indexer.as_ref().unwrap().topk;
     let r = Reference::load("glm_moe_dsa");
     let ids = r.input("f32", "len24");
-    assert!(ids.len() > 2 * topk, "fixture prompt must exceed index_topk");
+    assert!(
+        ids.len() > 2 * topk,
+        "fixture prompt must exceed index_topk"
+    );
     mlaserve_model::probe::start_capture("L*.dsa.topk");
     score(&model, &ids, AttentionPath::Auto, 0).unwrap();
     let recs = mlaserve_model::probe::take_capture();
@@ -59,5 +62,8 @@ fn glm_long_prompt_really_is_sparse() {
     // The last token selected exactly topk positions, not all of them.
     let last = &recs[0].data[(ids.len() - 1) * topk..ids.len() * topk];
     assert!(last.iter().all(|&p| p >= 0.0));
-    assert!(last.iter().any(|&p| p as usize + 1 < ids.len() - topk), "selection is not just a recent window");
+    assert!(
+        last.iter().any(|&p| p as usize + 1 < ids.len() - topk),
+        "selection is not just a recent window"
+    );
 }

@@ -29,7 +29,10 @@ fn check_variant_with(model: &str, file: &str, variant: &str, tol: f32, opts: &L
         let ids = r.input(variant, name);
         let got = score(&m, &ids, AttentionPath::Auto, 0).unwrap();
         let err = max_rel_err(&got, &r.logits[&format!("{variant}.{name}")], vocab);
-        assert!(err <= tol, "{model}/{file} prompt {name}: max rel err {err:.3e} > {tol:.0e}");
+        assert!(
+            err <= tol,
+            "{model}/{file} prompt {name}: max rel err {err:.3e} > {tol:.0e}"
+        );
     }
 }
 
@@ -60,20 +63,34 @@ fn check_served(model: &str, file: &str, variant: &str, min_agree: f32, median_t
         let ids = r.input(variant, name);
         let got = score(&m, &ids, AttentionPath::Auto, 0).unwrap();
         let (agree, median) = agreement(&got, &r.logits[&format!("{variant}.{name}")], vocab);
-        eprintln!("{model}/{file} {name}: argmax agreement {agree:.3}, median rel err {median:.3e}");
-        assert!(agree >= min_agree && median <= median_tol, "{model}/{file} {name}: agreement {agree}, median {median:.3e}");
+        eprintln!(
+            "{model}/{file} {name}: argmax agreement {agree:.3}, median rel err {median:.3e}"
+        );
+        assert!(
+            agree >= min_agree && median <= median_tol,
+            "{model}/{file} {name}: agreement {agree}, median {median:.3e}"
+        );
     }
 }
 
 #[test]
 fn quantized_files_dequantized_match_their_references() {
-    let opts = LoadOptions { dequantize: true, ..Default::default() };
+    let opts = LoadOptions {
+        dequantize: true,
+        ..Default::default()
+    };
     for m in MODELS {
         check_variant_with(m, &format!("{m}-bf16.gguf"), "bf16", 1e-4, &opts);
         check_variant_with(m, &format!("{m}-q8_0.gguf"), "q8_0", 1e-4, &opts);
     }
     // K-quant mix (Q4_K/Q5_0/Q5_1/Q8_0/F16 per tensor, by llama-quantize Q4_K_M).
-    check_variant_with("glm_moe_dsa", "glm_moe_dsa-q4_k_m.gguf", "q4_k_m", 1e-4, &opts);
+    check_variant_with(
+        "glm_moe_dsa",
+        "glm_moe_dsa-q4_k_m.gguf",
+        "q4_k_m",
+        1e-4,
+        &opts,
+    );
 }
 
 #[test]
@@ -83,7 +100,13 @@ fn quantized_files_as_served_stay_close() {
         check_served(m, &format!("{m}-q8_0.gguf"), "q8_0", 0.75, 5e-2);
     }
     // llama.cpp on this file: 84-95% agreement, median 6e-2..8e-2 (tests/fixtures/models/README.md).
-    check_served("glm_moe_dsa", "glm_moe_dsa-q4_k_m.gguf", "q4_k_m", 0.6, 1e-1);
+    check_served(
+        "glm_moe_dsa",
+        "glm_moe_dsa-q4_k_m.gguf",
+        "q4_k_m",
+        0.6,
+        1e-1,
+    );
 }
 
 #[test]

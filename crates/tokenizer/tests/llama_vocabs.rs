@@ -77,7 +77,9 @@ fn cases(dir: &std::path::Path, name: &str) -> Vec<(String, Vec<u32>)> {
 #[test]
 #[ignore = "needs llama.cpp's models/ggml-vocab-*.gguf: set MLASERVE_LLAMA_VOCAB_DIR, run with --ignored"]
 fn gguf_vocabularies_encode_like_hf() {
-    let Some(dir) = vocab_dir() else { panic!("llama.cpp vocab files not found: set MLASERVE_LLAMA_VOCAB_DIR") };
+    let Some(dir) = vocab_dir() else {
+        panic!("llama.cpp vocab files not found: set MLASERVE_LLAMA_VOCAB_DIR")
+    };
     let mut failures = Vec::new();
     for name in BPE {
         let file = GgufFile::open(dir.join(format!("ggml-vocab-{name}.gguf"))).unwrap();
@@ -116,7 +118,9 @@ fn gguf_vocabularies_encode_like_hf() {
 #[test]
 #[ignore = "needs llama.cpp's models/ggml-vocab-*.gguf: set MLASERVE_LLAMA_VOCAB_DIR, run with --ignored"]
 fn other_tokenizer_families_are_refused_by_name() {
-    let Some(dir) = vocab_dir() else { panic!("llama.cpp vocab files not found: set MLASERVE_LLAMA_VOCAB_DIR") };
+    let Some(dir) = vocab_dir() else {
+        panic!("llama.cpp vocab files not found: set MLASERVE_LLAMA_VOCAB_DIR")
+    };
     for name in NOT_BPE {
         let file = GgufFile::open(dir.join(format!("ggml-vocab-{name}.gguf"))).unwrap();
         match Tokenizer::from_gguf(&file) {
@@ -133,7 +137,9 @@ fn other_tokenizer_families_are_refused_by_name() {
 #[test]
 #[ignore = "timing, not a check"]
 fn throughput() {
-    let Some(dir) = vocab_dir() else { panic!("llama.cpp vocab files not found: set MLASERVE_LLAMA_VOCAB_DIR") };
+    let Some(dir) = vocab_dir() else {
+        panic!("llama.cpp vocab files not found: set MLASERVE_LLAMA_VOCAB_DIR")
+    };
     let t0 = std::time::Instant::now();
     let file = GgufFile::open(dir.join("ggml-vocab-llama-bpe.gguf")).unwrap();
     let tok = Arc::new(Tokenizer::from_gguf(&file).unwrap());

@@ -42,8 +42,16 @@ fn tg(model: &Model, n: usize, rep: u64) -> Result<f64> {
     let table: Vec<u32> = (0..blocks as u32).collect();
     let toks = tokens(n + 1, model.config().vocab_size, rep + 1000);
     let step = |i: usize, cache: &mut LatentCache| -> Result<()> {
-        let seq = SeqInput { tokens: vec![toks[i]], context_len: i, block_table: table.clone(), logits: LogitsWanted::Last };
-        model.forward(&ForwardBatch::new(vec![seq], BS, AttentionPath::Auto)?, cache)?;
+        let seq = SeqInput {
+            tokens: vec![toks[i]],
+            context_len: i,
+            block_table: table.clone(),
+            logits: LogitsWanted::Last,
+        };
+        model.forward(
+            &ForwardBatch::new(vec![seq], BS, AttentionPath::Auto)?,
+            cache,
+        )?;
         Ok(())
     };
     step(0, &mut cache)?;
@@ -57,7 +65,11 @@ fn tg(model: &Model, n: usize, rep: u64) -> Result<f64> {
 /// Median and (max-min)/2 of a sample.
 fn summary(mut v: Vec<f64>) -> (f64, f64) {
     v.sort_by(|a, b| a.total_cmp(b));
-    let med = if v.len() % 2 == 1 { v[v.len() / 2] } else { (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0 };
+    let med = if v.len() % 2 == 1 {
+        v[v.len() / 2]
+    } else {
+        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+    };
     (med, (v[v.len() - 1] - v[0]) / 2.0)
 }
 
@@ -66,11 +78,15 @@ pub fn run(model: &Model, p: usize, n: usize, reps: usize, json: bool) -> Result
     let mut rows = Vec::new();
     if p > 0 {
         pp(model, p.min(16), 0)?; // warm-up
-        let v: Vec<f64> = (0..reps).map(|r| pp(model, p, r as u64)).collect::<Result<_>>()?;
+        let v: Vec<f64> = (0..reps)
+            .map(|r| pp(model, p, r as u64))
+            .collect::<Result<_>>()?;
         rows.push((format!("pp{p}"), summary(v)));
     }
     if n > 0 {
-        let v: Vec<f64> = (0..reps).map(|r| tg(model, n, r as u64)).collect::<Result<_>>()?;
+        let v: Vec<f64> = (0..reps)
+            .map(|r| tg(model, n, r as u64))
+            .collect::<Result<_>>()?;
         rows.push((format!("tg{n}"), summary(v)));
     }
     let name = model.source_path().display().to_string();
@@ -79,7 +95,12 @@ pub fn run(model: &Model, p: usize, n: usize, reps: usize, json: bool) -> Result
             .iter()
             .map(|(t, (m, s))| serde_json::json!({"test": t, "tokens_per_s_median": m, "spread": s, "reps": reps}))
             .collect();
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"model": name, "threads": threads, "results": tests}))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &serde_json::json!({"model": name, "threads": threads, "results": tests})
+            )?
+        );
     } else {
         println!("| model | threads | test | t/s (median ± half-range, {reps} reps) |");
         println!("| --- | ---: | ---: | ---: |");

@@ -23,10 +23,14 @@ pub struct ChatArgs {
 pub fn run(a: ChatArgs) -> Result<()> {
     let handle = engine_args::start(&a.engine)?;
     let tok = handle.tokenizer().clone();
-    let tmpl = tok
-        .chat_template()
-        .ok_or_else(|| anyhow!("the model has no chat template; use `generate` for plain completion"))?;
-    let mut history: Vec<ChatMessage> = a.system.iter().map(|s| ChatMessage::new("system", s)).collect();
+    let tmpl = tok.chat_template().ok_or_else(|| {
+        anyhow!("the model has no chat template; use `generate` for plain completion")
+    })?;
+    let mut history: Vec<ChatMessage> = a
+        .system
+        .iter()
+        .map(|s| ChatMessage::new("system", s))
+        .collect();
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
     eprintln!("chat: type a message, an empty line or Ctrl-D to quit");
@@ -39,8 +43,16 @@ pub fn run(a: ChatArgs) -> Result<()> {
         }
         history.push(ChatMessage::new("user", line.trim_end()));
         let ids = tok.encode(&tmpl.render(&history, true)?, false)?;
-        let params = SamplingParams { temperature: a.temperature, ..SamplingParams::greedy(a.max_tokens) };
-        let mut stream = handle.add(GenerateRequest { prompt_tokens: ids, params }).map_err(|e| anyhow!("{e}"))?;
+        let params = SamplingParams {
+            temperature: a.temperature,
+            ..SamplingParams::greedy(a.max_tokens)
+        };
+        let mut stream = handle
+            .add(GenerateRequest {
+                prompt_tokens: ids,
+                params,
+            })
+            .map_err(|e| anyhow!("{e}"))?;
         let mut reply = String::new();
         while let Some(ev) = stream.blocking_recv() {
             match ev {

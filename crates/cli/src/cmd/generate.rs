@@ -58,7 +58,12 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     for p in &a.prompt {
         let ids = if a.chat {
             let tmpl = tok.chat_template().ok_or_else(|| {
-                anyhow::anyhow!("the model has no chat template{}", tok.chat_template_error().map(|e| format!(": {e}")).unwrap_or_default())
+                anyhow::anyhow!(
+                    "the model has no chat template{}",
+                    tok.chat_template_error()
+                        .map(|e| format!(": {e}"))
+                        .unwrap_or_default()
+                )
             })?;
             let text = tmpl.render(&[mlaserve_tokenizer::ChatMessage::new("user", p)], true)?;
             tok.encode(&text, false)?
@@ -67,12 +72,21 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         };
         prompts.push((p.clone(), ids));
     }
-    let reqs = prompts.iter().map(|(_, ids)| GenerateRequest { prompt_tokens: ids.clone(), params: params.clone() }).collect();
+    let reqs = prompts
+        .iter()
+        .map(|(_, ids)| GenerateRequest {
+            prompt_tokens: ids.clone(),
+            params: params.clone(),
+        })
+        .collect();
     let outs = handle.generate_blocking(reqs);
     for ((prompt, _), out) in prompts.iter().zip(outs) {
         let out = out.map_err(|e| anyhow::anyhow!("{e}"))?;
         if a.json {
-            println!("{}", serde_json::json!({"tokens": out.token_ids, "text": out.text, "finish_reason": out.finish_reason.as_str()}));
+            println!(
+                "{}",
+                serde_json::json!({"tokens": out.token_ids, "text": out.text, "finish_reason": out.finish_reason.as_str()})
+            );
         } else {
             println!("{prompt}{}", out.text);
         }

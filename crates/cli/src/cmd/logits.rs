@@ -7,14 +7,30 @@ use std::path::Path;
 
 pub fn parse_tokens(s: &str) -> Result<Vec<u32>> {
     s.split(',')
-        .map(|t| t.trim().parse::<u32>().with_context(|| format!("bad token id `{t}` in --tokens")))
+        .map(|t| {
+            t.trim()
+                .parse::<u32>()
+                .with_context(|| format!("bad token id `{t}` in --tokens"))
+        })
         .collect()
 }
 
-pub fn run(model: &Model, tokens: &[u32], path: AttentionPath, chunk: usize, out: &Path) -> Result<()> {
+pub fn run(
+    model: &Model,
+    tokens: &[u32],
+    path: AttentionPath,
+    chunk: usize,
+    out: &Path,
+) -> Result<()> {
     let logits = score(model, tokens, path, chunk)?;
     let vocab = model.config().vocab_size;
-    npy::write_f32(out, &[tokens.len(), vocab], &logits).with_context(|| format!("writing {}", out.display()))?;
-    eprintln!("wrote {} x {} logits to {}", tokens.len(), vocab, out.display());
+    npy::write_f32(out, &[tokens.len(), vocab], &logits)
+        .with_context(|| format!("writing {}", out.display()))?;
+    eprintln!(
+        "wrote {} x {} logits to {}",
+        tokens.len(),
+        vocab,
+        out.display()
+    );
     Ok(())
 }

@@ -25,7 +25,9 @@ pub struct ServeArgs {
 pub fn run(a: ServeArgs) -> Result<()> {
     let path = a.engine.model_path();
     let name = a.served_model_name.clone().unwrap_or_else(|| {
-        path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "mlaserve".into())
+        path.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "mlaserve".into())
     });
     let cfg = ServerConfig {
         host: a.host.clone(),
@@ -35,10 +37,15 @@ pub fn run(a: ServeArgs) -> Result<()> {
         api_key: a.api_key.clone(),
         ..ServerConfig::default()
     };
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async move {
         let state = AppState::new(cfg);
-        let server = tokio::spawn(mlaserve_server::serve_state(state.clone(), mlaserve_server::shutdown_signal()));
+        let server = tokio::spawn(mlaserve_server::serve_state(
+            state.clone(),
+            mlaserve_server::shutdown_signal(),
+        ));
         let engine = a.engine.clone();
         let handle = tokio::task::spawn_blocking(move || engine_args::start(&engine)).await??;
         if state.set_engine(handle.clone()).is_err() {

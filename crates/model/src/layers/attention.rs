@@ -72,9 +72,19 @@ mod tests {
     #[test]
     fn split_attention_merges_to_the_whole() {
         // 5 keys of (ka 3, kb 2, v 4) random-ish values.
-        let ka: Vec<Vec<f32>> = (0..5).map(|j| (0..3).map(|i| ((i * 7 + j * 3) % 5) as f32 * 0.3 - 0.5).collect()).collect();
-        let kb: Vec<Vec<f32>> = (0..5).map(|j| (0..2).map(|i| ((i + j * 2) % 3) as f32 * 0.2).collect()).collect();
-        let v: Vec<Vec<f32>> = (0..5).map(|j| (0..4).map(|i| (i * j) as f32 * 0.1 - 0.3).collect()).collect();
+        let ka: Vec<Vec<f32>> = (0..5)
+            .map(|j| {
+                (0..3)
+                    .map(|i| ((i * 7 + j * 3) % 5) as f32 * 0.3 - 0.5)
+                    .collect()
+            })
+            .collect();
+        let kb: Vec<Vec<f32>> = (0..5)
+            .map(|j| (0..2).map(|i| ((i + j * 2) % 3) as f32 * 0.2).collect())
+            .collect();
+        let v: Vec<Vec<f32>> = (0..5)
+            .map(|j| (0..4).map(|i| (i * j) as f32 * 0.1 - 0.3).collect())
+            .collect();
         let acc = |j: usize| (ka[j].as_slice(), kb[j].as_slice(), v[j].as_slice());
         let (qa, qb) = ([0.4, -0.2, 0.9], [0.5, 0.1]);
         let mut s = Vec::new();

@@ -72,7 +72,9 @@ pub fn select(
         for hd in 0..hi {
             Rope::apply(&mut iq[(ti * hi + hd) * d..][..r], &cos, &sin);
         }
-        cache.index_key_mut(layer, batch.slot_mapping[ti]).copy_from_slice(k);
+        cache
+            .index_key_mut(layer, batch.slot_mapping[ti])
+            .copy_from_slice(k);
     }
     let cache = &*cache;
     let d_scale = (d as f32).powf(-0.5);
@@ -90,7 +92,10 @@ pub fn select(
                 .map(|j| {
                     let key = cache.index_key(layer, table[j / bs] as usize * bs + j % bs);
                     (0..hi)
-                        .map(|hd| wt[ti * hi + hd] * (dot_f32(&iq[(ti * hi + hd) * d..][..d], key) * d_scale).max(0.0))
+                        .map(|hd| {
+                            wt[ti * hi + hd]
+                                * (dot_f32(&iq[(ti * hi + hd) * d..][..d], key) * d_scale).max(0.0)
+                        })
                         .sum()
                 })
                 .collect();

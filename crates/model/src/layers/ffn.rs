@@ -97,23 +97,39 @@ pub fn moe_forward(cfg: &MoeConfig, layer: usize, m: &Moe, x: &[f32], t: usize) 
     let mut assign: Vec<Vec<(usize, f32)>> = vec![Vec::new(); e];
     let mut topk_flat = Vec::with_capacity(t * cfg.top_k * 2);
     for ti in 0..t {
-        let (idx, w) = route(cfg, &logits[ti * e..(ti + 1) * e], m.correction_bias.as_deref());
+        let (idx, w) = route(
+            cfg,
+            &logits[ti * e..(ti + 1) * e],
+            m.correction_bias.as_deref(),
+        );
         for (&i, &wi) in idx.iter().zip(&w) {
             assign[i].push((ti, wi));
             topk_flat.push(i as f32);
         }
         topk_flat.extend_from_slice(&w);
     }
-    probe(Some(layer), "moe.router_topk", PathTag::None, &[t, 2 * cfg.top_k], &topk_flat);
+    probe(
+        Some(layer),
+        "moe.router_topk",
+        PathTag::None,
+        &[t, 2 * cfg.top_k],
+        &topk_flat,
+    );
     let mut out = vec![0f32; t * h];
     for (ei, toks) in assign.iter().enumerate() {
         if toks.is_empty() {
             continue;
         }
-        let xe: Vec<f32> = toks.iter().flat_map(|&(ti, _)| x[ti * h..(ti + 1) * h].iter().copied()).collect();
+        let xe: Vec<f32> = toks
+            .iter()
+            .flat_map(|&(ti, _)| x[ti * h..(ti + 1) * h].iter().copied())
+            .collect();
         let ye = mlp_forward(&m.experts[ei], &xe, toks.len());
         for (k, &(ti, wi)) in toks.iter().enumerate() {
-            for (o, &y) in out[ti * h..(ti + 1) * h].iter_mut().zip(&ye[k * h..(k + 1) * h]) {
+            for (o, &y) in out[ti * h..(ti + 1) * h]
+                .iter_mut()
+                .zip(&ye[k * h..(k + 1) * h])
+            {
                 *o += wi * y;
             }
         }

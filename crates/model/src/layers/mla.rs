@@ -43,7 +43,13 @@ pub fn forward(
     cache: &mut LatentCache,
 ) -> Vec<f32> {
     let t = batch.num_tokens();
-    let (n, p, r, v, l) = (cfg.num_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank);
+    let (n, p, r, v, l) = (
+        cfg.num_heads,
+        cfg.qk_nope_head_dim,
+        cfg.qk_rope_head_dim,
+        cfg.v_head_dim,
+        cfg.kv_lora_rank,
+    );
     let qk = p + r;
     let eps = cfg.rms_norm_eps;
 
@@ -78,22 +84,44 @@ pub fn forward(
     }
     if crate::probe::active() {
         let gather = |off: usize, len: usize| -> Vec<f32> {
-            (0..t * n).flat_map(|i| q[i * qk + off..i * qk + off + len].iter().copied()).collect()
+            (0..t * n)
+                .flat_map(|i| q[i * qk + off..i * qk + off + len].iter().copied())
+                .collect()
         };
-        probe(Some(layer), "mla.q_nope", PathTag::None, &[t, n, p], &gather(0, p));
-        probe(Some(layer), "mla.q_pe", PathTag::None, &[t, n, r], &gather(p, r));
-        let kvc: Vec<f32> = (0..t).flat_map(|i| kv[i * (l + r)..i * (l + r) + l].iter().copied()).collect();
-        let kpe: Vec<f32> = (0..t).flat_map(|i| kv[i * (l + r) + l..(i + 1) * (l + r)].iter().copied()).collect();
+        probe(
+            Some(layer),
+            "mla.q_nope",
+            PathTag::None,
+            &[t, n, p],
+            &gather(0, p),
+        );
+        probe(
+            Some(layer),
+            "mla.q_pe",
+            PathTag::None,
+            &[t, n, r],
+            &gather(p, r),
+        );
+        let kvc: Vec<f32> = (0..t)
+            .flat_map(|i| kv[i * (l + r)..i * (l + r) + l].iter().copied())
+            .collect();
+        let kpe: Vec<f32> = (0..t)
+            .flat_map(|i| kv[i * (l + r) + l..(i + 1) * (l + r)].iter().copied())
+            .collect();
         probe(Some(layer), "mla.kv_c_normed", PathTag::None, &[t, l], &kvc);
         probe(Some(layer), "mla.k_pe", PathTag::None, &[t, r], &kpe);
     }
     // Cache write precedes attention.
     for ti in 0..t {
-        cache.row_mut(layer, batch.slot_mapping[ti]).copy_from_slice(&kv[ti * (l + r)..(ti + 1) * (l + r)]);
+        cache
+            .row_mut(layer, batch.slot_mapping[ti])
+            .copy_from_slice(&kv[ti * (l + r)..(ti + 1) * (l + r)]);
     }
     // Keys each token may attend to (None: all positions <= its own).
     let selected: Vec<Option<Vec<usize>>> = match (indexer, &cfg.indexer, &q_c) {
-        (Some(iw), Some(ic), Some(qc)) => dsa::select(cfg, ic, layer, iw, rope, h, qc, batch, cache),
+        (Some(iw), Some(ic), Some(qc)) => {
+            dsa::select(cfg, ic, layer, iw, rope, h, qc, batch, cache)
+        }
         _ => vec![None; t],
     };
     let cache = &*cache;
@@ -116,8 +144,9 @@ pub fn forward(
             let q_lat_all: Vec<Vec<f32>> = (0..n)
                 .into_par_iter()
                 .map(|hd| {
-                    let qn: Vec<f32> =
-                        (0..qlen).flat_map(|i| q[(a + i) * n * qk + hd * qk..][..p].iter().copied()).collect();
+                    let qn: Vec<f32> = (0..qlen)
+                        .flat_map(|i| q[(a + i) * n * qk + hd * qk..][..p].iter().copied())
+                        .collect();
                     let mut q_lat = vec![0f32; qlen * l];
                     matmul(&qn, qlen, &w.w_uk_t.rows_slice(hd * l, l), &mut q_lat);
                     q_lat
@@ -130,7 +159,9 @@ pub fn forward(
                     .collect();
                 probe(Some(layer), "mla.q_lat", PathTag::Mqa, &[qlen, n, l], &flat);
             }
-            let rows: Vec<&[f32]> = (0..ctx + qlen).map(|pos| cache.row(layer, slot(batch, s, pos))).collect();
+            let rows: Vec<&[f32]> = (0..ctx + qlen)
+                .map(|pos| cache.row(layer, slot(batch, s, pos)))
+                .collect();
             (0..n)
                 .into_par_iter()
                 .map(|hd| {
@@ -155,7 +186,11 @@ pub fn forward(
                 })
                 .collect()
         } else {
-            path_tag = if ctx > 0 { PathTag::Context } else { PathTag::Mha };
+            path_tag = if ctx > 0 {
+                PathTag::Context
+            } else {
+                PathTag::Mha
+            };
             // Unabsorbed: decompress every key position 0..ctx+qlen from the cache.
             let total = ctx + qlen;
             let mut kvc = vec![0f32; total * l];
@@ -191,7 +226,8 @@ pub fn forward(
                             attend(&keys, key, qn, qp, scale, &mut scores, oi);
                         } else {
                             // Context part (non-causal over cached positions) + new part (causal).
-                            let (old, new): (Vec<usize>, Vec<usize>) = keys.iter().partition(|&&j| j < ctx);
+                            let (old, new): (Vec<usize>, Vec<usize>) =
+                                keys.iter().partition(|&&j| j < ctx);
                             let lse_old = attend(&old, key, qn, qp, scale, &mut scores, oi);
                             let lse_new = attend(&new, key, qn, qp, scale, &mut scores, &mut part);
                             merge(oi, lse_old, &part, lse_new);
@@ -203,13 +239,20 @@ pub fn forward(
         };
         for (hd, out) in per_head.iter().enumerate() {
             for i in 0..qlen {
-                o[((a + i) * n + hd) * v..((a + i) * n + hd + 1) * v].copy_from_slice(&out[i * v..(i + 1) * v]);
+                o[((a + i) * n + hd) * v..((a + i) * n + hd + 1) * v]
+                    .copy_from_slice(&out[i * v..(i + 1) * v]);
             }
         }
     }
     probe(Some(layer), "mla.attn_out", path_tag, &[t, n, v], &o);
     let mut out = vec![0f32; t * cfg.hidden_size];
     matmul(&o, t, &w.o_proj, &mut out);
-    probe(Some(layer), "mla.o_proj", path_tag, &[t, cfg.hidden_size], &out);
+    probe(
+        Some(layer),
+        "mla.o_proj",
+        path_tag,
+        &[t, cfg.hidden_size],
+        &out,
+    );
     out
 }

@@ -29,13 +29,18 @@ impl Rope {
         let half = dim / 2;
         let base = theta as f64;
         // Computed in f64 then rounded, so the table does not depend on summation order.
-        let pos_freq: Vec<f64> = (0..half).map(|i| base.powf((2 * i) as f64 / dim as f64)).collect();
+        let pos_freq: Vec<f64> = (0..half)
+            .map(|i| base.powf((2 * i) as f64 / dim as f64))
+            .collect();
         match yarn {
             Some(y) if y.factor > 1.0 => {
                 let factor = y.factor as f64;
-                let low = correction_dim(y.beta_fast as f64, dim, base, y.original_context_length).floor().max(0.0);
-                let high =
-                    correction_dim(y.beta_slow as f64, dim, base, y.original_context_length).ceil().min(dim as f64 - 1.0);
+                let low = correction_dim(y.beta_fast as f64, dim, base, y.original_context_length)
+                    .floor()
+                    .max(0.0);
+                let high = correction_dim(y.beta_slow as f64, dim, base, y.original_context_length)
+                    .ceil()
+                    .min(dim as f64 - 1.0);
                 let span = if high == low { 0.001 } else { high - low };
                 let inv_freq = (0..half)
                     .map(|i| {
@@ -46,9 +51,15 @@ impl Rope {
                         (interp * (1.0 - extrap_weight) + extrap * extrap_weight) as f32
                     })
                     .collect();
-                Rope { inv_freq, attn_factor: y.attn_factor }
+                Rope {
+                    inv_freq,
+                    attn_factor: y.attn_factor,
+                }
             }
-            _ => Rope { inv_freq: pos_freq.iter().map(|p| (1.0 / p) as f32).collect(), attn_factor: 1.0 },
+            _ => Rope {
+                inv_freq: pos_freq.iter().map(|p| (1.0 / p) as f32).collect(),
+                attn_factor: 1.0,
+            },
         }
     }
 
@@ -102,13 +113,23 @@ mod tests {
 
     #[test]
     fn yarn_interpolates_low_frequencies_only() {
-        let y = Yarn { factor: 40.0, original_context_length: 4096, beta_fast: 32.0, beta_slow: 1.0, log_multiplier: 0.1, attn_factor: 1.0 };
+        let y = Yarn {
+            factor: 40.0,
+            original_context_length: 4096,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            log_multiplier: 0.1,
+            attn_factor: 1.0,
+        };
         let plain = Rope::new(64, 10000.0, None);
         let scaled = Rope::new(64, 10000.0, Some(&y));
         // Highest frequency pair untouched, lowest divided by the factor.
         assert_eq!(plain.inv_freq[0], scaled.inv_freq[0]);
         let last = plain.inv_freq.len() - 1;
-        assert!((scaled.inv_freq[last] * 40.0 - plain.inv_freq[last]).abs() / plain.inv_freq[last] < 1e-5);
+        assert!(
+            (scaled.inv_freq[last] * 40.0 - plain.inv_freq[last]).abs() / plain.inv_freq[last]
+                < 1e-5
+        );
         // DSV3 mscale = 0.1*1*ln(40)+1
         assert!((y.mscale() - 1.368_888_8).abs() < 1e-5);
     }

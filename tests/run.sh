@@ -8,6 +8,4 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
     cargo test --workspace --no-fail-fast
 fi
-# Doc tests are not run by nextest.
-cargo test --workspace --doc
 tests/server/run.sh

@@ -132,12 +132,13 @@ pub fn forward(
         let (a, b) = (batch.seq_starts[s], batch.seq_starts[s + 1]);
         let ctx = batch.seqs[s].context_len;
         let qlen = b - a;
-        let keys_of = |i: usize| -> Vec<usize> {
-            match &selected[a + i] {
+        // Key positions of each query, ascending; built once per sequence, shared by all heads.
+        let keys_all: Vec<Vec<usize>> = (0..qlen)
+            .map(|i| match &selected[a + i] {
                 Some(sel) => sel.clone(),
                 None => (0..=ctx + i).collect(),
-            }
-        };
+            })
+            .collect();
         let per_head: Vec<Vec<f32>> = if batch.is_decode[a] {
             path_tag = PathTag::Mqa;
             // Absorbed: q_lat [qlen, L] per head; attend over latent rows.
@@ -169,9 +170,8 @@ pub fn forward(
                     let mut o_lat = vec![0f32; qlen * l];
                     for i in 0..qlen {
                         let qp = &q[(a + i) * n * qk + hd * qk + p..][..r];
-                        let keys = keys_of(i);
                         attend(
-                            &keys,
+                            &keys_all[i],
                             |j| (&rows[j][..l], &rows[j][l..], &rows[j][..l]),
                             &q_lat_all[hd][i * l..(i + 1) * l],
                             qp,
@@ -220,16 +220,16 @@ pub fn forward(
                     for i in 0..qlen {
                         let qrow = &q[(a + i) * n * qk + hd * qk..][..qk];
                         let (qn, qp) = qrow.split_at(p);
-                        let keys = keys_of(i);
+                        let keys = &keys_all[i];
                         let oi = &mut out[i * v..(i + 1) * v];
                         if ctx == 0 {
-                            attend(&keys, key, qn, qp, scale, &mut scores, oi);
+                            attend(keys, key, qn, qp, scale, &mut scores, oi);
                         } else {
-                            // Context part (non-causal over cached positions) + new part (causal).
-                            let (old, new): (Vec<usize>, Vec<usize>) =
-                                keys.iter().partition(|&&j| j < ctx);
-                            let lse_old = attend(&old, key, qn, qp, scale, &mut scores, oi);
-                            let lse_new = attend(&new, key, qn, qp, scale, &mut scores, &mut part);
+                            // Context part (non-causal over cached positions) + new part (causal);
+                            // keys are ascending, so the split is one binary search.
+                            let (old, new) = keys.split_at(keys.partition_point(|&j| j < ctx));
+                            let lse_old = attend(old, key, qn, qp, scale, &mut scores, oi);
+                            let lse_new = attend(new, key, qn, qp, scale, &mut scores, &mut part);
                             merge(oi, lse_old, &part, lse_new);
                         }
                     }

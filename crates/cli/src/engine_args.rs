@@ -1,9 +1,10 @@
 //! Engine flags shared by `generate`, `chat` and `serve`, and loading a model into an engine.
 
+use crate::device::{load_executor, DeviceArgs};
 use anyhow::{Context, Result};
 use clap::Args;
-use mlaserve_engine::{start_engine, EngineConfig, EngineHandle};
-use mlaserve_model::{LoadOptions, Model};
+use mlaserve_engine::{start_engine_with, EngineConfig, EngineHandle};
+use mlaserve_model::{gguf::GgufFile, LoadOptions};
 use mlaserve_tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,6 +14,8 @@ pub struct EngineArgs {
     /// A .gguf file or an HF directory; default: the bundled model (models/default.gguf).
     #[arg(long)]
     pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub device: DeviceArgs,
     /// Most sequences running at once.
     #[arg(long, default_value_t = 128)]
     pub max_num_seqs: usize,
@@ -60,32 +63,21 @@ impl EngineArgs {
 }
 
 /// The tokenizer of a model: from its GGUF metadata, or tokenizer.json in an HF directory.
-pub fn tokenizer_for(model: &Model, path: &Path) -> Result<Tokenizer> {
-    match model.gguf() {
-        Some(file) => {
-            Tokenizer::from_gguf(file).with_context(|| format!("tokenizer of {}", path.display()))
-        }
-        None => {
-            Tokenizer::from_hf_dir(path).with_context(|| format!("tokenizer of {}", path.display()))
-        }
-    }
+pub fn tokenizer_for(path: &Path) -> Result<Tokenizer> {
+    let tok = if path.is_dir() {
+        Tokenizer::from_hf_dir(path)
+    } else {
+        let file = GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
+        Tokenizer::from_gguf(&file)
+    };
+    tok.with_context(|| format!("tokenizer of {}", path.display()))
 }
 
-/// Load the model and its tokenizer and start the engine thread.
+/// Load the model onto its device, load its tokenizer, and start the engine thread.
 pub fn start(args: &EngineArgs) -> Result<EngineHandle> {
     let path = args.model_path();
-    let t0 = std::time::Instant::now();
-    let model = Model::load(&path, &LoadOptions::default())
-        .with_context(|| format!("loading {}", path.display()))?;
-    for w in &model.config().warnings {
-        tracing::warn!("{w}");
-    }
-    let tokenizer = Arc::new(tokenizer_for(&model, &path)?);
-    tracing::info!(
-        "loaded {} in {:.2}s",
-        path.display(),
-        t0.elapsed().as_secs_f64()
-    );
-    start_engine(model, tokenizer, args.engine_config())
+    let exec = load_executor(&path, &args.device, &LoadOptions::default())?;
+    let tokenizer = Arc::new(tokenizer_for(&path)?);
+    start_engine_with(exec, tokenizer, args.engine_config())
         .map_err(|e| anyhow::anyhow!("starting the engine: {e}"))
 }

@@ -4,12 +4,13 @@
 //! on the model's named tensor probes (see `mlaserve_model::probe`).
 
 mod cmd;
+mod device;
 mod engine_args;
 mod npy;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Parser, Subcommand};
-use mlaserve_model::{AttentionPath, LoadOptions, Model};
+use mlaserve_model::{AttentionPath, LoadOptions};
 use std::path::{Path, PathBuf};
 
 #[derive(Parser)]
@@ -56,6 +57,8 @@ enum Command {
         /// Feed the sequence N tokens at a time (chunked prefill over the cached context).
         #[arg(long, default_value_t = 0)]
         prefill_chunk: usize,
+        #[command(flatten)]
+        device: device::DeviceArgs,
     },
     /// Check a model file: metadata, the three attention paths against each other, norms layer
     /// by layer, and (with --reference) the first probe that departs from an HF dump.
@@ -82,6 +85,8 @@ enum Command {
         reps: usize,
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        device: device::DeviceArgs,
     },
 }
 
@@ -89,22 +94,6 @@ enum Command {
 pub fn default_model() -> PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/default.gguf");
     p.canonicalize().unwrap_or(p)
-}
-
-fn load(path: Option<&Path>) -> Result<Model> {
-    let path = path.map(Path::to_path_buf).unwrap_or_else(default_model);
-    let t0 = std::time::Instant::now();
-    let model = Model::load(&path, &LoadOptions::default())
-        .with_context(|| format!("loading {}", path.display()))?;
-    for w in &model.config().warnings {
-        tracing::warn!("{w}");
-    }
-    tracing::info!(
-        "loaded {} in {:.2}s",
-        path.display(),
-        t0.elapsed().as_secs_f64()
-    );
-    Ok(model)
 }
 
 fn main() {
@@ -138,10 +127,11 @@ fn run(cli: Cli) -> Result<()> {
             out,
             attention_path,
             prefill_chunk,
+            device,
         } => {
             let tokens = cmd::logits::parse_tokens(&tokens)?;
-            let m = load(Some(&model))?;
-            cmd::logits::run(&m, &tokens, attention_path, prefill_chunk, &out)
+            let mut exec = device::load_executor(&model, &device, &LoadOptions::default())?;
+            cmd::logits::run(exec.as_mut(), &tokens, attention_path, prefill_chunk, &out)
         }
         Command::Doctor {
             model,
@@ -160,9 +150,12 @@ fn run(cli: Cli) -> Result<()> {
             n_gen,
             reps,
             json,
+            device,
         } => {
-            let m = load(model.as_deref())?;
-            cmd::bench::run(&m, n_prompt, n_gen, reps.max(1), json)
+            let path = model.unwrap_or_else(default_model);
+            let mut exec = device::load_executor(&path, &device, &LoadOptions::default())?;
+            let name = path.display().to_string();
+            cmd::bench::run(exec.as_mut(), &name, n_prompt, n_gen, reps.max(1), json)
         }
     }
 }

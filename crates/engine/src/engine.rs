@@ -73,7 +73,7 @@ impl EngineLoop {
         max_model_len: usize,
         seed_rng: Rng,
     ) -> Self {
-        let vocab_size = runner.model().config().vocab_size;
+        let vocab_size = runner.config().vocab_size;
         let eos_ids = tokenizer.eos_ids().to_vec();
         let metrics = EngineMetrics {
             num_cache_blocks_total: scheduler.block_manager().num_total_blocks(),

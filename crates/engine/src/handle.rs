@@ -9,7 +9,7 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use mlaserve_model::{Model, ModelConfig};
+use mlaserve_model::{CpuExecutor, Executor, Model, ModelConfig};
 use mlaserve_tokenizer::Tokenizer;
 
 use crate::config::EngineConfig;
@@ -35,7 +35,8 @@ pub(crate) struct Shared {
 struct Inner {
     cmd_tx: Sender<Command>,
     shared: Arc<Shared>,
-    model: Arc<Model>,
+    config: Arc<ModelConfig>,
+    device: String,
     tokenizer: Arc<Tokenizer>,
     max_model_len: usize,
     max_waiting: usize,
@@ -58,24 +59,31 @@ impl std::fmt::Debug for EngineHandle {
     }
 }
 
-/// Loads nothing: takes a loaded model and tokenizer, sizes the latent cache from `cfg`,
-/// and spawns the engine thread.
+/// Loads nothing: takes a loaded model and tokenizer, runs it on the CPU
+/// ([`CpuExecutor`]), sizes the latent cache from `cfg`, and spawns the engine thread.
 pub fn start_engine(
     model: Model,
     tokenizer: Arc<Tokenizer>,
     cfg: EngineConfig,
 ) -> Result<EngineHandle, EngineError> {
-    let resolved = cfg
-        .resolve(model.config())
-        .map_err(EngineError::InvalidRequest)?;
-    if tokenizer.vocab_size() > model.config().vocab_size {
+    start_engine_with(Box::new(CpuExecutor::new(Arc::new(model))), tokenizer, cfg)
+}
+
+/// [`start_engine`] on any executor (a GPU, tensor-parallel ranks).
+pub fn start_engine_with(
+    executor: Box<dyn Executor>,
+    tokenizer: Arc<Tokenizer>,
+    cfg: EngineConfig,
+) -> Result<EngineHandle, EngineError> {
+    let config = Arc::new(executor.config().clone());
+    let resolved = cfg.resolve(&config).map_err(EngineError::InvalidRequest)?;
+    if tokenizer.vocab_size() > config.vocab_size {
         tracing::warn!(
             tokenizer = tokenizer.vocab_size(),
-            model = model.config().vocab_size,
+            model = config.vocab_size,
             "the tokenizer knows more ids than the model's vocabulary"
         );
     }
-    let model = Arc::new(model);
     let scheduler = Scheduler::new(SchedulerConfig {
         max_num_seqs: cfg.max_num_seqs,
         max_num_batched_tokens: cfg.max_num_batched_tokens,
@@ -83,7 +91,9 @@ pub fn start_engine(
         num_blocks: resolved.num_blocks,
         enable_prefix_caching: cfg.enable_prefix_caching,
     });
-    let runner = ModelRunner::new(model.clone(), resolved.num_blocks, cfg.block_size);
+    let runner = ModelRunner::new(executor, resolved.num_blocks, cfg.block_size)
+        .map_err(|e| EngineError::Model(format!("allocating the latent cache: {e}")))?;
+    let device = runner.device();
     let seed = cfg.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -108,13 +118,15 @@ pub fn start_engine(
         num_blocks = resolved.num_blocks,
         block_size = cfg.block_size,
         max_model_len = resolved.max_model_len,
+        device = %device,
         "engine started"
     );
     Ok(EngineHandle {
         inner: Arc::new(Inner {
             cmd_tx,
             shared,
-            model,
+            config,
+            device,
             tokenizer,
             max_model_len: resolved.max_model_len,
             max_waiting: cfg.max_waiting,
@@ -155,7 +167,7 @@ impl EngineHandle {
     }
 
     fn validate(&self, req: &GenerateRequest) -> Result<(), EngineError> {
-        let vocab_size = self.inner.model.config().vocab_size;
+        let vocab_size = self.inner.config.vocab_size;
         let prompt = &req.prompt_tokens;
         if prompt.is_empty() {
             return Err(EngineError::InvalidRequest("the prompt is empty".into()));
@@ -200,7 +212,12 @@ impl EngineHandle {
     }
 
     pub fn model_config(&self) -> &ModelConfig {
-        self.inner.model.config()
+        &self.inner.config
+    }
+
+    /// Where the model runs ("cpu", "cuda:0", "cpu tp=2").
+    pub fn device(&self) -> &str {
+        &self.inner.device
     }
 
     /// Longest sequence (prompt + output) the engine serves.

@@ -33,7 +33,7 @@ pub mod stop;
 
 pub use config::{EngineConfig, ResolvedConfig};
 pub use error::EngineError;
-pub use handle::{collect_output, start_engine, EngineHandle, GenerateOutput};
+pub use handle::{collect_output, start_engine, start_engine_with, EngineHandle, GenerateOutput};
 pub use metrics::EngineMetrics;
 pub use request::{
     FinishReason, GenerateRequest, RequestEvent, RequestId, RequestStream, TokenLogprob, Usage,

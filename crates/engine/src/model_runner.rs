@@ -1,22 +1,20 @@
-//! `ModelRunner`: owns the model and its latent cache; turns a schedule into one
-//! `ForwardBatch`, runs it, and hands back one logits row per sequence that wanted one.
+//! `ModelRunner`: owns the executor (the model and its latent cache, on whatever device);
+//! turns a schedule into one `ForwardBatch`, runs it, and hands back one logits row per
+//! sequence that wanted one.
 //!
 //! Invariant: the scheduler has already grown every scheduled sequence's block table to
 //! hold `context_len + num_new_tokens` positions, so the batch always validates.
 
-use std::sync::Arc;
-
 use mlaserve_model::{
-    AttentionPath, ForwardBatch, LatentCache, LogitsWanted, Model, ModelError, SeqInput,
+    AttentionPath, Executor, ForwardBatch, LogitsWanted, ModelConfig, ModelError, SeqInput,
 };
 
 use crate::request::RequestId;
 use crate::scheduler::{Scheduler, SchedulerOutput};
 
-/// The model, its cache, and the batch layout.
+/// The executor and the batch layout.
 pub struct ModelRunner {
-    model: Arc<Model>,
-    cache: LatentCache,
+    executor: Box<dyn Executor>,
     block_size: usize,
     path: AttentionPath,
 }
@@ -38,20 +36,27 @@ impl StepLogits {
 }
 
 impl ModelRunner {
-    /// Allocates a zeroed cache of `num_blocks` blocks for `model`.
-    pub fn new(model: Arc<Model>, num_blocks: usize, block_size: usize) -> Self {
-        let cache = LatentCache::new(model.config(), num_blocks, block_size);
-        let path = model.options().attention_path;
-        Self {
-            model,
-            cache,
+    /// Has `executor` allocate a zeroed cache of `num_blocks` blocks.
+    pub fn new(
+        mut executor: Box<dyn Executor>,
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Result<Self, ModelError> {
+        executor.init_cache(num_blocks, block_size)?;
+        let path = executor.attention_path();
+        Ok(Self {
+            executor,
             block_size,
             path,
-        }
+        })
     }
 
-    pub fn model(&self) -> &Arc<Model> {
-        &self.model
+    pub fn config(&self) -> &ModelConfig {
+        self.executor.config()
+    }
+
+    pub fn device(&self) -> String {
+        self.executor.device()
     }
 
     /// Builds the step's `ForwardBatch` from the scheduled sequences, in schedule order.
@@ -99,11 +104,10 @@ impl ModelRunner {
         scheduler: &Scheduler,
     ) -> Result<StepLogits, ModelError> {
         let (batch, ids) = self.build_batch(out, scheduler)?;
-        let vocab_size = self.model.config().vocab_size;
-        let (model, cache) = (&self.model, &mut self.cache);
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            model.forward(&batch, cache)
-        }));
+        let vocab_size = self.executor.config().vocab_size;
+        let executor = &mut self.executor;
+        let result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| executor.forward(&batch)));
         let logits = match result {
             Ok(r) => r?,
             Err(panic) => {

@@ -9,6 +9,7 @@ pub mod config;
 pub mod doctor;
 pub mod dump;
 pub mod error;
+pub mod executor;
 pub mod forward_batch;
 pub mod kv_cache;
 pub mod layers;
@@ -20,6 +21,7 @@ pub mod weights;
 
 pub use config::{Arch, Gating, IndexerConfig, ModelConfig, MoeConfig, Yarn};
 pub use error::ModelError;
+pub use executor::{CpuExecutor, Executor};
 pub use forward_batch::{AttentionPath, ForwardBatch, LogitsWanted, SeqInput};
 pub use kv_cache::LatentCache;
 pub use mlaserve_gguf as gguf;

@@ -5,10 +5,45 @@
 //! context), logits of every position returned. With `chunk = 1` every token takes the decode
 //! path under `AttentionPath::Auto`.
 
+use crate::config::ModelConfig;
 use crate::error::ModelError;
+use crate::executor::Executor;
 use crate::forward_batch::{AttentionPath, ForwardBatch, LogitsWanted, SeqInput};
 use crate::kv_cache::LatentCache;
 use crate::model::Model;
+
+/// [`Model::forward`] on a borrowed model, for the `&Model` entry points.
+struct Borrowed<'a> {
+    model: &'a Model,
+    cache: Option<LatentCache>,
+}
+
+impl Executor for Borrowed<'_> {
+    fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+    fn attention_path(&self) -> AttentionPath {
+        self.model.options().attention_path
+    }
+    fn init_cache(&mut self, num_blocks: usize, block_size: usize) -> Result<(), ModelError> {
+        self.cache = Some(LatentCache::new(
+            self.model.config(),
+            num_blocks,
+            block_size,
+        ));
+        Ok(())
+    }
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, ModelError> {
+        let cache = self
+            .cache
+            .as_mut()
+            .ok_or_else(|| ModelError::Batch("forward before init_cache".into()))?;
+        self.model.forward(batch, cache)
+    }
+    fn device(&self) -> String {
+        "cpu".into()
+    }
+}
 
 /// Block size used for scoring caches.
 pub const SCORE_BLOCK_SIZE: usize = 16;
@@ -20,14 +55,24 @@ pub fn score(
     path: AttentionPath,
     chunk: usize,
 ) -> Result<Vec<f32>, ModelError> {
+    score_on(&mut Borrowed { model, cache: None }, tokens, path, chunk)
+}
+
+/// [`score`] on any executor; (re)initializes its cache to fit `tokens`.
+pub fn score_on(
+    exec: &mut dyn Executor,
+    tokens: &[u32],
+    path: AttentionPath,
+    chunk: usize,
+) -> Result<Vec<f32>, ModelError> {
     if tokens.is_empty() {
         return Err(ModelError::Batch("no tokens to score".into()));
     }
     let chunk = if chunk == 0 { tokens.len() } else { chunk };
     let num_blocks = tokens.len().div_ceil(SCORE_BLOCK_SIZE);
-    let mut cache = LatentCache::new(model.config(), num_blocks, SCORE_BLOCK_SIZE);
+    exec.init_cache(num_blocks, SCORE_BLOCK_SIZE)?;
     let block_table: Vec<u32> = (0..num_blocks as u32).collect();
-    let mut out = Vec::with_capacity(tokens.len() * model.config().vocab_size);
+    let mut out = Vec::with_capacity(tokens.len() * exec.config().vocab_size);
     let mut done = 0;
     while done < tokens.len() {
         let end = (done + chunk).min(tokens.len());
@@ -38,7 +83,7 @@ pub fn score(
             logits: LogitsWanted::All,
         };
         let batch = ForwardBatch::new(vec![seq], SCORE_BLOCK_SIZE, path)?;
-        out.extend(model.forward(&batch, &mut cache)?);
+        out.extend(exec.forward(&batch)?);
         done = end;
     }
     Ok(out)
@@ -52,14 +97,24 @@ pub fn greedy(
     n: usize,
     path: AttentionPath,
 ) -> Result<Vec<u32>, ModelError> {
+    greedy_on(&mut Borrowed { model, cache: None }, prompt, n, path)
+}
+
+/// [`greedy`] on any executor; (re)initializes its cache to fit the sequence.
+pub fn greedy_on(
+    exec: &mut dyn Executor,
+    prompt: &[u32],
+    n: usize,
+    path: AttentionPath,
+) -> Result<Vec<u32>, ModelError> {
     if prompt.is_empty() {
         return Err(ModelError::Batch("empty prompt".into()));
     }
     let total = prompt.len() + n;
     let num_blocks = total.div_ceil(SCORE_BLOCK_SIZE);
-    let mut cache = LatentCache::new(model.config(), num_blocks, SCORE_BLOCK_SIZE);
+    exec.init_cache(num_blocks, SCORE_BLOCK_SIZE)?;
     let block_table: Vec<u32> = (0..num_blocks as u32).collect();
-    let vocab = model.config().vocab_size;
+    let vocab = exec.config().vocab_size;
     let mut out = Vec::with_capacity(n);
     let mut next: Vec<u32> = prompt.to_vec();
     let mut ctx = 0;
@@ -71,7 +126,7 @@ pub fn greedy(
             logits: LogitsWanted::Last,
         };
         let batch = ForwardBatch::new(vec![seq], SCORE_BLOCK_SIZE, path)?;
-        let logits = model.forward(&batch, &mut cache)?;
+        let logits = exec.forward(&batch)?;
         ctx += next.len();
         let tok = argmax(&logits[..vocab]);
         out.push(tok);

@@ -4,7 +4,7 @@
 //! after a 1-token context. Each repeated `reps` times; reported as median and spread.
 
 use anyhow::Result;
-use mlaserve_model::{AttentionPath, ForwardBatch, LatentCache, LogitsWanted, Model, SeqInput};
+use mlaserve_model::{AttentionPath, Executor, ForwardBatch, LogitsWanted, SeqInput};
 use std::time::Instant;
 
 const BS: usize = 64;
@@ -21,43 +21,40 @@ fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-fn pp(model: &Model, p: usize, rep: u64) -> Result<f64> {
+fn pp(exec: &mut dyn Executor, p: usize, rep: u64) -> Result<f64> {
     let blocks = p.div_ceil(BS);
-    let mut cache = LatentCache::new(model.config(), blocks, BS);
+    exec.init_cache(blocks, BS)?;
     let seq = SeqInput {
-        tokens: tokens(p, model.config().vocab_size, rep),
+        tokens: tokens(p, exec.config().vocab_size, rep),
         context_len: 0,
         block_table: (0..blocks as u32).collect(),
         logits: LogitsWanted::Last,
     };
     let batch = ForwardBatch::new(vec![seq], BS, AttentionPath::Auto)?;
     let t0 = Instant::now();
-    model.forward(&batch, &mut cache)?;
+    exec.forward(&batch)?;
     Ok(p as f64 / t0.elapsed().as_secs_f64())
 }
 
-fn tg(model: &Model, n: usize, rep: u64) -> Result<f64> {
+fn tg(exec: &mut dyn Executor, n: usize, rep: u64) -> Result<f64> {
     let blocks = (n + 1).div_ceil(BS);
-    let mut cache = LatentCache::new(model.config(), blocks, BS);
+    exec.init_cache(blocks, BS)?;
     let table: Vec<u32> = (0..blocks as u32).collect();
-    let toks = tokens(n + 1, model.config().vocab_size, rep + 1000);
-    let step = |i: usize, cache: &mut LatentCache| -> Result<()> {
+    let toks = tokens(n + 1, exec.config().vocab_size, rep + 1000);
+    let step = |i: usize, exec: &mut dyn Executor| -> Result<()> {
         let seq = SeqInput {
             tokens: vec![toks[i]],
             context_len: i,
             block_table: table.clone(),
             logits: LogitsWanted::Last,
         };
-        model.forward(
-            &ForwardBatch::new(vec![seq], BS, AttentionPath::Auto)?,
-            cache,
-        )?;
+        exec.forward(&ForwardBatch::new(vec![seq], BS, AttentionPath::Auto)?)?;
         Ok(())
     };
-    step(0, &mut cache)?;
+    step(0, exec)?;
     let t0 = Instant::now();
     for i in 1..=n {
-        step(i, &mut cache)?;
+        step(i, exec)?;
     }
     Ok(n as f64 / t0.elapsed().as_secs_f64())
 }
@@ -73,23 +70,30 @@ fn summary(mut v: Vec<f64>) -> (f64, f64) {
     (med, (v[v.len() - 1] - v[0]) / 2.0)
 }
 
-pub fn run(model: &Model, p: usize, n: usize, reps: usize, json: bool) -> Result<()> {
+pub fn run(
+    exec: &mut dyn Executor,
+    name: &str,
+    p: usize,
+    n: usize,
+    reps: usize,
+    json: bool,
+) -> Result<()> {
     let threads = rayon::current_num_threads();
+    let device = exec.device();
     let mut rows = Vec::new();
     if p > 0 {
-        pp(model, p.min(16), 0)?; // warm-up
+        pp(exec, p.min(16), 0)?; // warm-up
         let v: Vec<f64> = (0..reps)
-            .map(|r| pp(model, p, r as u64))
+            .map(|r| pp(exec, p, r as u64))
             .collect::<Result<_>>()?;
         rows.push((format!("pp{p}"), summary(v)));
     }
     if n > 0 {
         let v: Vec<f64> = (0..reps)
-            .map(|r| tg(model, n, r as u64))
+            .map(|r| tg(exec, n, r as u64))
             .collect::<Result<_>>()?;
         rows.push((format!("tg{n}"), summary(v)));
     }
-    let name = model.source_path().display().to_string();
     if json {
         let tests: Vec<serde_json::Value> = rows
             .iter()
@@ -98,14 +102,14 @@ pub fn run(model: &Model, p: usize, n: usize, reps: usize, json: bool) -> Result
         println!(
             "{}",
             serde_json::to_string_pretty(
-                &serde_json::json!({"model": name, "threads": threads, "results": tests})
+                &serde_json::json!({"model": name, "device": device, "threads": threads, "results": tests})
             )?
         );
     } else {
-        println!("| model | threads | test | t/s (median ± half-range, {reps} reps) |");
-        println!("| --- | ---: | ---: | ---: |");
+        println!("| model | device | threads | test | t/s (median ± half-range, {reps} reps) |");
+        println!("| --- | --- | ---: | ---: | ---: |");
         for (t, (m, s)) in rows {
-            println!("| {name} | {threads} | {t} | {m:.2} ± {s:.2} |");
+            println!("| {name} | {device} | {threads} | {t} | {m:.2} ± {s:.2} |");
         }
     }
     Ok(())

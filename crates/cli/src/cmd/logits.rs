@@ -2,7 +2,7 @@
 
 use crate::npy;
 use anyhow::{Context, Result};
-use mlaserve_model::{score::score, AttentionPath, Model};
+use mlaserve_model::{score::score_on, AttentionPath, Executor};
 use std::path::Path;
 
 pub fn parse_tokens(s: &str) -> Result<Vec<u32>> {
@@ -16,14 +16,14 @@ pub fn parse_tokens(s: &str) -> Result<Vec<u32>> {
 }
 
 pub fn run(
-    model: &Model,
+    exec: &mut dyn Executor,
     tokens: &[u32],
     path: AttentionPath,
     chunk: usize,
     out: &Path,
 ) -> Result<()> {
-    let logits = score(model, tokens, path, chunk)?;
-    let vocab = model.config().vocab_size;
+    let logits = score_on(exec, tokens, path, chunk)?;
+    let vocab = exec.config().vocab_size;
     npy::write_f32(out, &[tokens.len(), vocab], &logits)
         .with_context(|| format!("writing {}", out.display()))?;
     eprintln!(

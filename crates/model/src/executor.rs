@@ -1,0 +1,81 @@
+//! `Executor`: where a model's forward steps run — the CPU, a GPU, or several ranks.
+//!
+//! The engine owns one `Box<dyn Executor>` and never sees weights or caches: it sizes the
+//! latent cache once with [`Executor::init_cache`], then calls [`Executor::forward`] per step.
+//! Every implementation returns logits with the CPU reference's layout, `[rows, vocab]`
+//! row-major for `batch.logits_indices()`, so any executor can be checked against
+//! [`CpuExecutor`] row by row.
+//!
+//! Invariant: `forward` before `init_cache` is an error, never a panic.
+
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+use crate::forward_batch::{AttentionPath, ForwardBatch};
+use crate::kv_cache::LatentCache;
+use crate::model::Model;
+use std::sync::Arc;
+
+/// Runs forward steps against a latent cache it owns.
+pub trait Executor: Send {
+    /// The model's validated configuration.
+    fn config(&self) -> &ModelConfig;
+    /// Default attention path for batches the engine builds.
+    fn attention_path(&self) -> AttentionPath;
+    /// Allocates (or replaces) the latent cache: `num_blocks` blocks of `block_size` slots.
+    fn init_cache(&mut self, num_blocks: usize, block_size: usize) -> Result<(), ModelError>;
+    /// Runs one step and returns logits `[batch.logits_indices().len(), vocab_size]`.
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, ModelError>;
+    /// Where it runs, for logs and `/v1/models`: "cpu", "cuda:0", "cpu tp=2".
+    fn device(&self) -> String;
+}
+
+/// The reference executor: [`Model::forward`] on this thread (its kernels use rayon).
+pub struct CpuExecutor {
+    model: Arc<Model>,
+    cache: Option<LatentCache>,
+}
+
+impl CpuExecutor {
+    pub fn new(model: Arc<Model>) -> Self {
+        Self { model, cache: None }
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+}
+
+impl Executor for CpuExecutor {
+    fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+
+    fn attention_path(&self) -> AttentionPath {
+        self.model.options().attention_path
+    }
+
+    fn init_cache(&mut self, num_blocks: usize, block_size: usize) -> Result<(), ModelError> {
+        if num_blocks == 0 || block_size == 0 {
+            return Err(ModelError::Batch(format!(
+                "cache of {num_blocks} blocks of {block_size} slots"
+            )));
+        }
+        self.cache = Some(LatentCache::new(
+            self.model.config(),
+            num_blocks,
+            block_size,
+        ));
+        Ok(())
+    }
+
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, ModelError> {
+        let cache = self.cache.as_mut().ok_or_else(|| {
+            ModelError::Batch("forward before init_cache: no latent cache".into())
+        })?;
+        self.model.forward(batch, cache)
+    }
+
+    fn device(&self) -> String {
+        "cpu".into()
+    }
+}

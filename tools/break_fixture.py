@@ -21,6 +21,12 @@ type, shape and bytes, and their order equal the source except the documented ed
 tensors equal the documented transformation of the source tensors. The rewrite is deterministic
 (no randomness; GGUFWriter output depends only on its input), so a rerun gives identical bytes.
 
+The four GGUFs are not committed: the Rust tests rebuild them at test time with the same edits
+(crates/model/tests/broken_fixtures/) and check size and sha256 against manifest.json, so this
+script is the cross-check recipe (gguf-py rewrite plus the invariant check above) and the maker of
+what IS committed: manifest.json and the reference dumps. Rerun it when a source fixture changes;
+the GGUFs it writes into tests/fixtures/broken/ are ignored by git.
+
 Also writes the reference probe dumps (tools/hf_dump.py, len13 prompt of each model's
 reference.json) and manifest.json (sizes, sha256, edits, and with --measure the logit damage each
 defect does, measured by running the broken weights/metadata through HF transformers).

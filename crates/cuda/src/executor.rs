@@ -1,0 +1,710 @@
+//! `CudaExecutor`: the forward pass on one GPU, step for step the CPU reference's
+//! (`mlaserve_model::Model::forward`), with the same batch contract and logits layout.
+//!
+//! Per layer, for T tokens (x [T, H] f32 residual, on the device):
+//! 1. hn = RMSNorm(x) (f32 and bf16); q = q_b(RMSNorm(q_a(hn))) [T, N*(P+R)]; kv = kv_a(hn)
+//!    [T, L+R]; RMSNorm on kv_c, RoPE on q_pe and k_pe; the row [kv_c | k_pe] written to the
+//!    bf16 latent cache before attention (a token sees its own row on every path).
+//! 2. DSA (GLM-5): indexer keys cached (f32), scores on the GPU, top-k on the host with the
+//!    CPU's `top_k` (same tie rule), key lists uploaded.
+//! 3. Unabsorbed sequences (prefill, chunked prefill): their positions 0..ctx+len gathered
+//!    from the cache and decompressed by two GEMMs (w_uk, w_uv); one attention kernel over
+//!    all of them. Absorbed sequences (decode): q_lat = W_UK·q_nope (batched GEMM over
+//!    heads), split-context kernel over the paged cache + LSE combine, out = W_UV·o_lat.
+//!    Each path sees zero keys for the other's tokens, so their outputs add.
+//! 4. o_proj accumulates into x (GEMM beta = 1); the FFN likewise. MoE: router logits in f32
+//!    on the GPU, routing on the host with the CPU's `route`, expert rows gathered in expert
+//!    order, two GEMMs per active expert, deterministic weighted combine.
+//!
+//! Invariant: every batch is validated against the cache before any device work, exactly as
+//! the CPU executor does; a bad batch is an error, never an out-of-bounds write.
+
+use crate::error::{CudaError, Result};
+use crate::gpu::{DBuf, Gpu};
+use crate::ops::{AttnDims, Gemm, GemmType, KeyLists};
+use crate::weights::{GFfn, GLayer, GMat, GMlp, GMoe, GWeights};
+use mlaserve_model::layers::{dsa::top_k, ffn::route, rope::Rope};
+use mlaserve_model::{AttentionPath, Executor, ForwardBatch, Model, ModelConfig, ModelError};
+use std::sync::Arc;
+
+/// The bf16 latent cache (and f32 DSA index keys) of every layer.
+struct GpuCache {
+    /// [layers, slots, L+R] bf16
+    latent: DBuf<u16>,
+    /// [layers, slots, D] f32 (GLM-5 only)
+    index: Option<DBuf<f32>>,
+    num_blocks: usize,
+    block_size: usize,
+}
+
+impl GpuCache {
+    fn slots(&self) -> usize {
+        self.num_blocks * self.block_size
+    }
+}
+
+/// A model on one GPU.
+pub struct CudaExecutor {
+    model: Arc<Model>,
+    gpu: Gpu,
+    w: GWeights,
+    rope: Rope,
+    cache: Option<GpuCache>,
+}
+
+fn gemm_bf16(gpu: &Gpu, m: usize, x: u64, w: &GMat, out: u64, acc: bool) -> Result<()> {
+    let g = Gemm::plain(GemmType::Bf16, m, w.rows, w.cols, x, w.w.ptr(), out);
+    gpu.gemm(&if acc { g.accumulate() } else { g })
+}
+
+/// Per-step host arrays uploaded once.
+struct StepInputs {
+    tokens: DBuf<u32>,
+    slots: DBuf<i64>,
+    cos: DBuf<f32>,
+    sin: DBuf<f32>,
+    block_tables: DBuf<i32>,
+    bt_off: DBuf<i32>,
+}
+
+impl CudaExecutor {
+    /// Puts `model` on GPU `ordinal`: opens the device, compiles the kernels, uploads the
+    /// weights in bf16. A host without a driver gets `CudaError::Unavailable`.
+    pub fn new(model: Arc<Model>, ordinal: usize) -> Result<Self> {
+        let gpu = Gpu::new(ordinal)?;
+        let t0 = std::time::Instant::now();
+        let w = GWeights::upload(&gpu, model.weights())?;
+        gpu.sync()?;
+        let (free, total) = gpu.mem_info()?;
+        tracing::info!(
+            "weights on cuda:{ordinal} in {:.2}s; {:.1} of {:.1} GiB free",
+            t0.elapsed().as_secs_f64(),
+            free as f64 / (1u64 << 30) as f64,
+            total as f64 / (1u64 << 30) as f64
+        );
+        let cfg = model.config();
+        let rope = Rope::new(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.yarn.as_ref());
+        Ok(Self {
+            model,
+            gpu,
+            w,
+            rope,
+            cache: None,
+        })
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    fn validate(&self, batch: &ForwardBatch, cache: &GpuCache) -> Result<()> {
+        let bad = |m: String| Err(CudaError::Model(ModelError::Batch(m)));
+        if batch.block_size != cache.block_size {
+            return bad(format!(
+                "batch block size {} != cache block size {}",
+                batch.block_size, cache.block_size
+            ));
+        }
+        if let Some(&s) = batch.slot_mapping.iter().max() {
+            if s >= cache.slots() {
+                return bad(format!("slot {s} past the cache's {} slots", cache.slots()));
+            }
+        }
+        for seq in &batch.seqs {
+            let end = seq.context_len + seq.tokens.len();
+            let need = end.div_ceil(batch.block_size);
+            if seq.block_table.len() < need {
+                return bad(format!(
+                    "block table of {} blocks for {end} positions",
+                    seq.block_table.len()
+                ));
+            }
+            if let Some(&b) = seq.block_table[..need].iter().max() {
+                if b as usize >= cache.num_blocks {
+                    return bad(format!(
+                        "block {b} past the cache's {} blocks",
+                        cache.num_blocks
+                    ));
+                }
+            }
+        }
+        let vocab = self.model.config().vocab_size;
+        if let Some(&tok) = batch.tokens.iter().find(|&&t| t as usize >= vocab) {
+            return bad(format!("token id {tok} >= vocab size {vocab}"));
+        }
+        Ok(())
+    }
+
+    fn inputs(&self, batch: &ForwardBatch) -> Result<StepInputs> {
+        let gpu = &self.gpu;
+        let t = batch.num_tokens();
+        let half = self.model.config().qk_rope_head_dim / 2;
+        let mut cos = Vec::with_capacity(t * half);
+        let mut sin = Vec::with_capacity(t * half);
+        for &p in &batch.positions {
+            let (c, s) = self.rope.cos_sin(p);
+            cos.extend(c);
+            sin.extend(s);
+        }
+        let mut tables = Vec::new();
+        let mut bt_off = Vec::with_capacity(t);
+        for (s, seq) in batch.seqs.iter().enumerate() {
+            let off = tables.len() as i32;
+            tables.extend(seq.block_table.iter().map(|&b| b as i32));
+            for _ in batch.seq_starts[s]..batch.seq_starts[s + 1] {
+                bt_off.push(off);
+            }
+        }
+        let slots: Vec<i64> = batch.slot_mapping.iter().map(|&s| s as i64).collect();
+        Ok(StepInputs {
+            tokens: gpu.upload(&batch.tokens)?,
+            slots: gpu.upload(&slots)?,
+            cos: gpu.upload(&cos)?,
+            sin: gpu.upload(&sin)?,
+            block_tables: gpu.upload(&tables)?,
+            bt_off: gpu.upload(&bt_off)?,
+        })
+    }
+
+    fn step(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>> {
+        let cache = self.cache.as_ref().ok_or_else(|| {
+            CudaError::Model(ModelError::Batch(
+                "forward before init_cache: no latent cache".into(),
+            ))
+        })?;
+        self.validate(batch, cache)?;
+        let cfg = self.model.config();
+        let gpu = &self.gpu;
+        let (t, h) = (batch.num_tokens(), cfg.hidden_size);
+        let inp = self.inputs(batch)?;
+        let x = gpu.alloc::<f32>(t * h)?;
+        gpu.embed(&self.w.embed.w, &inp.tokens, x.ptr(), h)?;
+        let hn = gpu.alloc::<f32>(t * h)?;
+        let hnb = gpu.alloc::<u16>(t * h)?;
+        for (li, layer) in self.w.layers.iter().enumerate() {
+            gpu.rms_norm(
+                t,
+                x.ptr(),
+                h,
+                0,
+                layer.attn_norm.ptr(),
+                hn.ptr(),
+                h,
+                hnb.ptr(),
+                h,
+                h,
+                cfg.rms_norm_eps,
+            )?;
+            self.attention(li, layer, batch, &inp, cache, &hnb, &x)?;
+            gpu.rms_norm(
+                t,
+                x.ptr(),
+                h,
+                0,
+                layer.ffn_norm.ptr(),
+                hn.ptr(),
+                h,
+                hnb.ptr(),
+                h,
+                h,
+                cfg.rms_norm_eps,
+            )?;
+            match &layer.ffn {
+                GFfn::Dense(m) => self.mlp(m, t, hnb.ptr(), x.ptr())?,
+                GFfn::Moe(m) => self.moe(m, t, &hn, &hnb, &x)?,
+            }
+        }
+        let idx: Vec<i32> = batch.logits_indices().iter().map(|&i| i as i32).collect();
+        if idx.is_empty() {
+            gpu.sync()?;
+            return Ok(Vec::new());
+        }
+        let rows = gpu.upload(&idx)?;
+        let last = gpu.alloc::<u16>(idx.len() * h)?;
+        gpu.rms_norm(
+            idx.len(),
+            x.ptr(),
+            h,
+            rows.ptr(),
+            self.w.output_norm.ptr(),
+            0,
+            0,
+            last.ptr(),
+            h,
+            h,
+            cfg.rms_norm_eps,
+        )?;
+        let logits = gpu.alloc::<f32>(idx.len() * cfg.vocab_size)?;
+        gemm_bf16(
+            gpu,
+            idx.len(),
+            last.ptr(),
+            &self.w.lm_head,
+            logits.ptr(),
+            false,
+        )?;
+        gpu.to_host(&logits)
+    }
+
+    /// SwiGLU MLP on bf16 rows xb [m, H], accumulated into out [m, H].
+    fn mlp(&self, m: &GMlp, rows: usize, xb: u64, out: u64) -> Result<()> {
+        let gpu = &self.gpu;
+        let gu = gpu.alloc::<f32>(rows * 2 * m.f)?;
+        gemm_bf16(gpu, rows, xb, &m.gate_up, gu.ptr(), false)?;
+        let act = gpu.alloc::<u16>(rows * m.f)?;
+        gpu.silu_mul(gu.ptr(), act.ptr(), m.f, rows)?;
+        gemm_bf16(gpu, rows, act.ptr(), &m.down, out, true)
+    }
+
+    fn moe(
+        &self,
+        m: &GMoe,
+        t: usize,
+        hn: &DBuf<f32>,
+        hnb: &DBuf<u16>,
+        x: &DBuf<f32>,
+    ) -> Result<()> {
+        let gpu = &self.gpu;
+        let cfg = self.model.config();
+        let mc = cfg
+            .moe
+            .as_ref()
+            .ok_or_else(|| CudaError::Invalid("MoE weights without a MoE config".into()))?;
+        let (h, e, k) = (cfg.hidden_size, m.num_experts, mc.top_k);
+        let logits = gpu.alloc::<f32>(t * e)?;
+        gpu.gemm(&Gemm::plain(
+            GemmType::F32,
+            t,
+            e,
+            h,
+            hn.ptr(),
+            m.router.ptr(),
+            logits.ptr(),
+        ))?;
+        let logits = gpu.to_host(&logits)?;
+        // Rows grouped by expert: rows_of[e] = (token, slot j in its top-k).
+        let mut by_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e];
+        let mut weights = vec![0f32; t * k];
+        for ti in 0..t {
+            let (idx, w) = route(
+                mc,
+                &logits[ti * e..(ti + 1) * e],
+                m.correction_bias.as_deref(),
+            );
+            for (j, (&ei, &wi)) in idx.iter().zip(&w).enumerate() {
+                by_expert[ei].push((ti, j));
+                weights[ti * k + j] = wi;
+            }
+        }
+        let mut gather = Vec::with_capacity(t * k);
+        let mut row_of = vec![-1i32; t * k];
+        let mut ranges = Vec::new();
+        for (ei, list) in by_expert.iter().enumerate() {
+            if list.is_empty() {
+                continue;
+            }
+            let r0 = gather.len();
+            for &(ti, j) in list {
+                row_of[ti * k + j] = gather.len() as i32;
+                gather.push(ti as i32);
+            }
+            ranges.push((ei, r0, gather.len()));
+        }
+        let rows = gather.len();
+        let f = m.experts[0].f;
+        let gather_d = gpu.upload(&gather)?;
+        let xe = gpu.alloc::<u16>(rows * h)?;
+        gpu.gather_rows(hnb.ptr(), gather_d.ptr(), rows, xe.ptr(), h)?;
+        let gu = gpu.alloc::<f32>(rows * 2 * f)?;
+        for &(ei, r0, r1) in &ranges {
+            let g = &m.experts[ei].gate_up;
+            gemm_bf16(gpu, r1 - r0, xe.at(r0 * h), g, gu.at(r0 * 2 * f), false)?;
+        }
+        let act = gpu.alloc::<u16>(rows * f)?;
+        gpu.silu_mul(gu.ptr(), act.ptr(), f, rows)?;
+        let ye = gpu.alloc::<f32>(rows * h)?;
+        for &(ei, r0, r1) in &ranges {
+            let d = &m.experts[ei].down;
+            gemm_bf16(gpu, r1 - r0, act.at(r0 * f), d, ye.at(r0 * h), false)?;
+        }
+        let row_d = gpu.upload(&row_of)?;
+        let w_d = gpu.upload(&weights)?;
+        gpu.moe_combine(t, x.ptr(), ye.ptr(), row_d.ptr(), w_d.ptr(), k, h)?;
+        if let Some(sh) = &m.shared {
+            self.mlp(sh, t, hnb.ptr(), x.ptr())?;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        li: usize,
+        layer: &GLayer,
+        batch: &ForwardBatch,
+        inp: &StepInputs,
+        cache: &GpuCache,
+        hnb: &DBuf<u16>,
+        x: &DBuf<f32>,
+    ) -> Result<()> {
+        let gpu = &self.gpu;
+        let cfg = self.model.config();
+        let w = &layer.mla;
+        let t = batch.num_tokens();
+        let (n, p, r, v, l) = (
+            cfg.num_heads,
+            cfg.qk_nope_head_dim,
+            cfg.qk_rope_head_dim,
+            cfg.v_head_dim,
+            cfg.kv_lora_rank,
+        );
+        let (qk, lw, eps) = (p + r, l + r, cfg.rms_norm_eps);
+        // q [T, N*qk] f32; q_c [T, Lq] bf16 (the indexer reads it too).
+        let q = gpu.alloc::<f32>(t * n * qk)?;
+        let q_c = match (&w.q_a, &w.q_a_norm) {
+            (Some(q_a), Some(norm)) => {
+                let lq = q_a.rows;
+                let qa = gpu.alloc::<f32>(t * lq)?;
+                gemm_bf16(gpu, t, hnb.ptr(), q_a, qa.ptr(), false)?;
+                let qcb = gpu.alloc::<u16>(t * lq)?;
+                gpu.rms_norm(t, qa.ptr(), lq, 0, norm.ptr(), 0, 0, qcb.ptr(), lq, lq, eps)?;
+                gemm_bf16(gpu, t, qcb.ptr(), &w.q_b, q.ptr(), false)?;
+                Some((qcb, lq))
+            }
+            _ => {
+                gemm_bf16(gpu, t, hnb.ptr(), &w.q_b, q.ptr(), false)?;
+                None
+            }
+        };
+        // kv [T, L+R]: RMSNorm(kv_c), RoPE(k_pe), then the cache write.
+        let kv = gpu.alloc::<f32>(t * lw)?;
+        gemm_bf16(gpu, t, hnb.ptr(), &w.kv_a, kv.ptr(), false)?;
+        gpu.rms_norm(
+            t,
+            kv.ptr(),
+            lw,
+            0,
+            w.kv_a_norm.ptr(),
+            kv.ptr(),
+            lw,
+            0,
+            0,
+            l,
+            eps,
+        )?;
+        gpu.rope(t, kv.ptr(), lw, 1, 0, l, r, inp.cos.ptr(), inp.sin.ptr())?;
+        gpu.rope(
+            t,
+            q.ptr(),
+            n * qk,
+            n,
+            qk,
+            p,
+            r,
+            inp.cos.ptr(),
+            inp.sin.ptr(),
+        )?;
+        let layer_cache = cache.latent.at(li * cache.slots() * lw);
+        gpu.cache_write_bf16(t, kv.ptr(), lw, inp.slots.ptr(), layer_cache, lw)?;
+
+        // Key lists: DSA top-k where the indexer selects, else dense causal.
+        let selected = match (&layer.indexer, &cfg.indexer, &q_c, &cache.index) {
+            (Some(iw), Some(ic), Some((qcb, _)), Some(icache)) => {
+                self.dsa_select(li, iw, ic, batch, inp, hnb, qcb, icache, cache)?
+            }
+            _ => vec![None; t],
+        };
+        let mut n_mha = vec![0i32; t];
+        let mut n_mqa = vec![0i32; t];
+        let mut sel_off = vec![-1i32; t];
+        let mut sel_pos: Vec<i32> = Vec::new();
+        let mut kv_base = vec![0i32; t];
+        let mut mha_slots: Vec<i64> = Vec::new();
+        let bs = batch.block_size;
+        for (s, seq) in batch.seqs.iter().enumerate() {
+            let (a, b) = (batch.seq_starts[s], batch.seq_starts[s + 1]);
+            let decode = batch.is_decode[a];
+            let base = mha_slots.len() as i32;
+            if !decode {
+                for pos in 0..seq.context_len + (b - a) {
+                    mha_slots.push((seq.block_table[pos / bs] as usize * bs + pos % bs) as i64);
+                }
+            }
+            for ti in a..b {
+                let count = match &selected[ti] {
+                    Some(sel) => {
+                        sel_off[ti] = sel_pos.len() as i32;
+                        sel_pos.extend(sel.iter().map(|&j| j as i32));
+                        sel.len()
+                    }
+                    None => batch.positions[ti] + 1,
+                } as i32;
+                if decode {
+                    n_mqa[ti] = count;
+                } else {
+                    n_mha[ti] = count;
+                    kv_base[ti] = base;
+                }
+            }
+        }
+        if sel_pos.is_empty() {
+            sel_pos.push(0);
+        }
+        let sel_off_d = gpu.upload(&sel_off)?;
+        let sel_pos_d = gpu.upload(&sel_pos)?;
+        let dims = AttnDims {
+            t,
+            heads: n,
+            p,
+            r,
+            v,
+            l,
+            scale: cfg.softmax_scale(),
+        };
+        // attn_out [T, N*V]: the MHA kernel writes every row (zeros for absorbed tokens),
+        // the absorbed path then accumulates its rows.
+        let attn_out = gpu.alloc::<f32>(t * n * v)?;
+        let n_mha_d = gpu.upload(&n_mha)?;
+        // Unabsorbed sequences: their positions decompressed [S, N*P] / [S, N*V].
+        let s_total = mha_slots.len();
+        let mha = if s_total > 0 {
+            let slots_d = gpu.upload(&mha_slots)?;
+            let kvc = gpu.alloc::<u16>(s_total * l)?;
+            let kpe = gpu.alloc::<f32>(s_total * r)?;
+            gpu.gather_latent(
+                s_total,
+                layer_cache,
+                slots_d.ptr(),
+                lw,
+                l,
+                kvc.ptr(),
+                kpe.ptr(),
+            )?;
+            let k_nope = gpu.alloc::<f32>(s_total * n * p)?;
+            let vals = gpu.alloc::<f32>(s_total * n * v)?;
+            gemm_bf16(gpu, s_total, kvc.ptr(), &w.w_uk, k_nope.ptr(), false)?;
+            gemm_bf16(gpu, s_total, kvc.ptr(), &w.w_uv, vals.ptr(), false)?;
+            Some((kpe, k_nope, vals))
+        } else {
+            None
+        };
+        let (kpe_p, kn_p, v_p) = mha
+            .as_ref()
+            .map_or((0, 0, 0), |(a, b, c)| (a.ptr(), b.ptr(), c.ptr()));
+        let kv_base_d = gpu.upload(&kv_base)?;
+        let keys = KeyLists {
+            n_keys: n_mha_d.ptr(),
+            sel_off: sel_off_d.ptr(),
+            sel_pos: sel_pos_d.ptr(),
+        };
+        gpu.attn_mha(
+            &dims,
+            q.ptr(),
+            kn_p,
+            kpe_p,
+            v_p,
+            attn_out.ptr(),
+            &keys,
+            kv_base_d.ptr(),
+        )?;
+        let max_mqa = n_mqa.iter().copied().max().unwrap_or(0) as usize;
+        if max_mqa > 0 {
+            let qb = gpu.alloc::<u16>(t * n * qk)?;
+            gpu.to_bf16(q.ptr(), qb.ptr(), t * n * qk)?;
+            let q_lat = gpu.alloc::<f32>(t * n * l)?;
+            gpu.gemm(&Gemm {
+                m: t,
+                n: l,
+                k: p,
+                ty: GemmType::Bf16,
+                x: qb.ptr(),
+                ldx: n * qk,
+                stride_x: qk,
+                w: w.w_uk_t.w.ptr(),
+                ldw: p,
+                stride_w: l * p,
+                out: q_lat.ptr(),
+                ldo: n * l,
+                stride_o: l,
+                batch: n,
+                beta: 0.0,
+            })?;
+            let splits = max_mqa.div_ceil(256).clamp(1, 16);
+            let part = gpu.alloc::<f32>(t * n * splits * l)?;
+            let lse = gpu.alloc::<f32>(t * n * splits)?;
+            let o_lat = gpu.alloc::<u16>(t * n * l)?;
+            let n_mqa_d = gpu.upload(&n_mqa)?;
+            let keys = KeyLists {
+                n_keys: n_mqa_d.ptr(),
+                sel_off: sel_off_d.ptr(),
+                sel_pos: sel_pos_d.ptr(),
+            };
+            gpu.attn_mqa(
+                &dims,
+                q_lat.ptr(),
+                q.ptr(),
+                layer_cache,
+                &keys,
+                inp.block_tables.ptr(),
+                inp.bt_off.ptr(),
+                bs,
+                splits,
+                part.ptr(),
+                lse.ptr(),
+                o_lat.ptr(),
+            )?;
+            gpu.gemm(&Gemm {
+                m: t,
+                n: v,
+                k: l,
+                ty: GemmType::Bf16,
+                x: o_lat.ptr(),
+                ldx: n * l,
+                stride_x: l,
+                w: w.w_uv.w.ptr(),
+                ldw: l,
+                stride_w: v * l,
+                out: attn_out.ptr(),
+                ldo: n * v,
+                stride_o: v,
+                batch: n,
+                beta: 1.0,
+            })?;
+        }
+        let ob = gpu.alloc::<u16>(t * n * v)?;
+        gpu.to_bf16(attn_out.ptr(), ob.ptr(), t * n * v)?;
+        gemm_bf16(gpu, t, ob.ptr(), &w.o_proj, x.ptr(), true)
+    }
+
+    /// GLM-5 DSA: cache this step's index keys; per token with position >= index_topk, the
+    /// selected positions (ascending), else None (dense).
+    #[allow(clippy::too_many_arguments)]
+    fn dsa_select(
+        &self,
+        li: usize,
+        iw: &crate::weights::GIndexer,
+        ic: &mlaserve_model::IndexerConfig,
+        batch: &ForwardBatch,
+        inp: &StepInputs,
+        hnb: &DBuf<u16>,
+        qcb: &DBuf<u16>,
+        icache: &DBuf<f32>,
+        cache: &GpuCache,
+    ) -> Result<Vec<Option<Vec<usize>>>> {
+        let gpu = &self.gpu;
+        let cfg = self.model.config();
+        let t = batch.num_tokens();
+        let (hi, d, r) = (ic.num_heads, ic.head_dim, cfg.qk_rope_head_dim);
+        let iq = gpu.alloc::<f32>(t * hi * d)?;
+        gemm_bf16(gpu, t, qcb.ptr(), &iw.wq_b, iq.ptr(), false)?;
+        let ik = gpu.alloc::<f32>(t * d)?;
+        gemm_bf16(gpu, t, hnb.ptr(), &iw.wk, ik.ptr(), false)?;
+        let wt = gpu.alloc::<f32>(t * hi)?;
+        gemm_bf16(gpu, t, hnb.ptr(), &iw.proj, wt.ptr(), false)?;
+        gpu.layer_norm(
+            t,
+            ik.ptr(),
+            d,
+            iw.k_norm_w.ptr(),
+            iw.k_norm_b.ptr(),
+            d,
+            1e-6,
+        )?;
+        gpu.rope(t, ik.ptr(), d, 1, 0, 0, r, inp.cos.ptr(), inp.sin.ptr())?;
+        gpu.rope(
+            t,
+            iq.ptr(),
+            hi * d,
+            hi,
+            d,
+            0,
+            r,
+            inp.cos.ptr(),
+            inp.sin.ptr(),
+        )?;
+        let layer_icache = icache.at(li * cache.slots() * d);
+        gpu.cache_write_f32(t, ik.ptr(), d, inp.slots.ptr(), layer_icache, d)?;
+        let n_keys: Vec<i32> = batch
+            .positions
+            .iter()
+            .map(|&p| if p < ic.topk { 0 } else { p as i32 + 1 })
+            .collect();
+        let max_keys = n_keys.iter().copied().max().unwrap_or(0) as usize;
+        if max_keys == 0 {
+            return Ok(vec![None; t]);
+        }
+        let n_keys_d = gpu.upload(&n_keys)?;
+        let scores = gpu.alloc::<f32>(t * max_keys)?;
+        gpu.dsa_scores(
+            t,
+            iq.ptr(),
+            wt.ptr(),
+            layer_icache,
+            scores.ptr(),
+            n_keys_d.ptr(),
+            inp.block_tables.ptr(),
+            inp.bt_off.ptr(),
+            batch.block_size,
+            hi,
+            d,
+            max_keys,
+        )?;
+        let scores = gpu.to_host(&scores)?;
+        Ok((0..t)
+            .map(|ti| {
+                let nk = n_keys[ti] as usize;
+                (nk > 0).then(|| top_k(&scores[ti * max_keys..ti * max_keys + nk], ic.topk))
+            })
+            .collect())
+    }
+}
+
+impl Executor for CudaExecutor {
+    fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+
+    fn attention_path(&self) -> AttentionPath {
+        self.model.options().attention_path
+    }
+
+    fn init_cache(
+        &mut self,
+        num_blocks: usize,
+        block_size: usize,
+    ) -> std::result::Result<(), ModelError> {
+        if num_blocks == 0 || block_size == 0 {
+            return Err(ModelError::Batch(format!(
+                "cache of {num_blocks} blocks of {block_size} slots"
+            )));
+        }
+        self.cache = None; // free the old cache first
+        let cfg = self.model.config();
+        let slots = num_blocks * block_size;
+        let layers = cfg.num_layers;
+        let lw = cfg.kv_lora_rank + cfg.qk_rope_head_dim;
+        let latent = self.gpu.alloc_filled::<u16>(layers * slots * lw, 0)?;
+        let index = match &cfg.indexer {
+            Some(ic) => Some(
+                self.gpu
+                    .alloc_filled::<f32>(layers * slots * ic.head_dim, 0)?,
+            ),
+            None => None,
+        };
+        self.cache = Some(GpuCache {
+            latent,
+            index,
+            num_blocks,
+            block_size,
+        });
+        Ok(())
+    }
+
+    fn forward(&mut self, batch: &ForwardBatch) -> std::result::Result<Vec<f32>, ModelError> {
+        Ok(self.step(batch)?)
+    }
+
+    fn device(&self) -> String {
+        format!("cuda:{} ({})", self.gpu.ordinal, self.gpu.name)
+    }
+}

@@ -1,0 +1,344 @@
+//! `Gpu`: one device — its context, one stream, the cuBLAS handle and the loaded kernels —
+//! and `DBuf`, a typed device allocation addressed by raw pointer.
+//!
+//! Invariants: all work runs on the one stream, in order, so no event tracking is needed
+//! (it is turned off before the first allocation); every host read (`to_host`) synchronizes
+//! the stream first, so a kernel's error surfaces at the next read at the latest; a `DBuf`
+//! frees its memory on drop with its context bound.
+
+use crate::error::{CudaError, Result};
+use crate::kernels;
+use cudarc::cublas::{result as blas, sys as blas_sys};
+use cudarc::driver::{result as drv, CudaContext, CudaFunction, CudaStream, LaunchConfig};
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+/// Checks for the driver, NVRTC and cuBLAS libraries without calling into any of them.
+pub fn check_libraries() -> Result<()> {
+    // SAFETY: these only try to dlopen the libraries by name.
+    let (drv_ok, nvrtc_ok, blas_ok) = unsafe {
+        (
+            cudarc::driver::sys::is_culib_present(),
+            cudarc::nvrtc::sys::is_culib_present(),
+            cudarc::cublas::sys::is_culib_present(),
+        )
+    };
+    let missing: Vec<&str> = [
+        (drv_ok, "libcuda (the NVIDIA driver)"),
+        (nvrtc_ok, "libnvrtc"),
+        (blas_ok, "libcublas"),
+    ]
+    .iter()
+    .filter(|(ok, _)| !ok)
+    .map(|(_, n)| *n)
+    .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(CudaError::Unavailable(format!(
+            "{} not found on the library path",
+            missing.join(", ")
+        )))
+    }
+}
+
+/// A device allocation of `len` elements of `T`.
+pub struct DBuf<T> {
+    ptr: u64,
+    len: usize,
+    ctx: Arc<CudaContext>,
+    _t: PhantomData<T>,
+}
+
+// SAFETY: the pointer is plain device memory owned by this value; the context is Send + Sync.
+unsafe impl<T> Send for DBuf<T> {}
+unsafe impl<T> Sync for DBuf<T> {}
+
+impl<T> DBuf<T> {
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    /// Pointer to element `i`.
+    pub fn at(&self, i: usize) -> u64 {
+        debug_assert!(i <= self.len);
+        self.ptr + (i * std::mem::size_of::<T>()) as u64
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn bytes(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+}
+
+impl<T> Drop for DBuf<T> {
+    fn drop(&mut self) {
+        if self.ptr != 0 {
+            let _ = self.ctx.bind_to_thread();
+            // SAFETY: allocated by `Gpu::alloc` in this context and freed once.
+            let _ = unsafe { drv::free_sync(self.ptr) };
+        }
+    }
+}
+
+/// One GPU.
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    blas: blas_sys::cublasHandle_t,
+    funcs: HashMap<&'static str, CudaFunction>,
+    pub name: String,
+    pub ordinal: usize,
+    pub arch: &'static str,
+}
+
+// SAFETY: the cuBLAS handle is used only through &self methods that run on the one stream;
+// the executor drives a Gpu from one thread at a time.
+unsafe impl Send for Gpu {}
+unsafe impl Sync for Gpu {}
+
+impl Gpu {
+    /// Opens device `ordinal`, compiles (or loads from cache) the kernels, creates cuBLAS.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        check_libraries()?;
+        let count =
+            CudaContext::device_count().map_err(|e| CudaError::driver("cuDeviceGetCount", e))?;
+        if ordinal >= count.max(0) as usize {
+            return Err(CudaError::Unavailable(format!(
+                "cuda:{ordinal} asked for, {count} device(s) present"
+            )));
+        }
+        let ctx =
+            CudaContext::new(ordinal).map_err(|e| CudaError::driver("creating the context", e))?;
+        // SAFETY: before any allocation on this context; we order all work on one stream.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        let (maj, min) = ctx
+            .compute_capability()
+            .map_err(|e| CudaError::driver("compute capability", e))?;
+        let arch = kernels::arch_for(maj, min)?;
+        let t0 = std::time::Instant::now();
+        let (ptx, cached) = kernels::ptx_for(arch)?;
+        let module = ctx
+            .load_module(ptx)
+            .map_err(|e| CudaError::driver("loading the kernel module", e))?;
+        let mut funcs = HashMap::new();
+        for &n in kernels::NAMES {
+            let f = module
+                .load_function(n)
+                .map_err(|e| CudaError::driver(format!("kernel {n}"), e))?;
+            funcs.insert(n, f);
+        }
+        tracing::info!(
+            "cuda:{ordinal} {name} ({arch}): kernels {} in {:.2}s",
+            if cached { "from cache" } else { "compiled" },
+            t0.elapsed().as_secs_f64()
+        );
+        let blas = blas::create_handle().map_err(|e| CudaError::Cublas {
+            op: "create".into(),
+            msg: format!("{e:?}"),
+        })?;
+        // SAFETY: a valid handle and this context's stream.
+        unsafe { blas::set_stream(blas, stream.cu_stream() as _) }.map_err(|e| {
+            CudaError::Cublas {
+                op: "set_stream".into(),
+                msg: format!("{e:?}"),
+            }
+        })?;
+        Ok(Self {
+            ctx,
+            stream,
+            blas,
+            funcs,
+            name,
+            ordinal,
+            arch,
+        })
+    }
+
+    pub fn blas(&self) -> blas_sys::cublasHandle_t {
+        self.blas
+    }
+
+    /// Uninitialized allocation of `len` elements (at least one byte is allocated).
+    pub fn alloc<T>(&self, len: usize) -> Result<DBuf<T>> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| CudaError::driver("bind", e))?;
+        let bytes = (len * std::mem::size_of::<T>()).max(1);
+        // SAFETY: plain device allocation, freed by DBuf::drop.
+        let ptr = unsafe { drv::malloc_sync(bytes) }
+            .map_err(|e| CudaError::driver(format!("allocating {bytes} bytes"), e))?;
+        Ok(DBuf {
+            ptr,
+            len,
+            ctx: self.ctx.clone(),
+            _t: PhantomData,
+        })
+    }
+
+    /// Allocation filled with byte `b` (0 = zeros; 0xff = NaN poison for f32/bf16).
+    pub fn alloc_filled<T>(&self, len: usize, b: u8) -> Result<DBuf<T>> {
+        let d = self.alloc::<T>(len)?;
+        // SAFETY: d is a live allocation of d.bytes() bytes.
+        unsafe { drv::memset_d8_async(d.ptr, b, d.bytes(), self.stream.cu_stream()) }
+            .map_err(|e| CudaError::driver("memset", e))?;
+        Ok(d)
+    }
+
+    pub fn upload<T: Copy>(&self, host: &[T]) -> Result<DBuf<T>> {
+        let d = self.alloc::<T>(host.len())?;
+        self.write(&d, 0, host)?;
+        Ok(d)
+    }
+
+    /// Copies `host` into `d` from element `at`.
+    pub fn write<T: Copy>(&self, d: &DBuf<T>, at: usize, host: &[T]) -> Result<()> {
+        if at + host.len() > d.len {
+            return Err(CudaError::Invalid(format!(
+                "write of {} elements at {at} into a buffer of {}",
+                host.len(),
+                d.len
+            )));
+        }
+        if host.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: bounds checked above; pageable source is staged before return.
+        unsafe { drv::memcpy_htod_async(d.at(at), host, self.stream.cu_stream()) }
+            .map_err(|e| CudaError::driver("copy to device", e))
+    }
+
+    /// Synchronizes, then copies `len` elements from element `at` of `d` to the host.
+    pub fn read<T: Copy + Default>(&self, d: &DBuf<T>, at: usize, len: usize) -> Result<Vec<T>> {
+        if at + len > d.len {
+            return Err(CudaError::Invalid(format!(
+                "read of {len} elements at {at} from a buffer of {}",
+                d.len
+            )));
+        }
+        self.sync()?;
+        let mut out = vec![T::default(); len];
+        if len > 0 {
+            // SAFETY: bounds checked above.
+            unsafe { drv::memcpy_dtoh_async(&mut out, d.at(at), self.stream.cu_stream()) }
+                .map_err(|e| CudaError::driver("copy to host", e))?;
+            self.sync()?;
+        }
+        Ok(out)
+    }
+
+    pub fn to_host<T: Copy + Default>(&self, d: &DBuf<T>) -> Result<Vec<T>> {
+        self.read(d, 0, d.len)
+    }
+
+    pub fn sync(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| CudaError::driver("stream synchronize (a kernel failed?)", e))
+    }
+
+    pub fn func(&self, name: &str) -> Result<&CudaFunction> {
+        self.funcs
+            .get(name)
+            .ok_or_else(|| CudaError::Invalid(format!("no kernel named {name}")))
+    }
+
+    /// Free and total device memory in bytes.
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        self.ctx
+            .mem_get_info()
+            .map_err(|e| CudaError::driver("cuMemGetInfo", e))
+    }
+
+    pub fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: grid,
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// Launches kernel `name` with `args`, which must match its parameter list.
+    pub fn launch(&self, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
+        if cfg.grid_dim.0 == 0 || cfg.grid_dim.1 == 0 || cfg.grid_dim.2 == 0 {
+            return Ok(());
+        }
+        let f = self.func(name)?;
+        let mut vals: Vec<Arg> = args.to_vec();
+        let mut params: Vec<*mut std::ffi::c_void> = vals
+            .iter_mut()
+            .map(|a| match a {
+                Arg::P(v) => v as *mut u64 as *mut std::ffi::c_void,
+                Arg::I(v) => v as *mut i32 as *mut std::ffi::c_void,
+                Arg::L(v) => v as *mut i64 as *mut std::ffi::c_void,
+                Arg::F(v) => v as *mut f32 as *mut std::ffi::c_void,
+            })
+            .collect();
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| CudaError::driver("bind", e))?;
+        // SAFETY: `params` points into `vals`, alive across the call; each caller in ops.rs
+        // passes the kernel's exact parameter list.
+        unsafe {
+            drv::launch_kernel(
+                f.cu_function(),
+                cfg.grid_dim,
+                cfg.block_dim,
+                cfg.shared_mem_bytes,
+                self.stream.cu_stream(),
+                &mut params,
+            )
+        }
+        .map_err(|e| CudaError::driver(format!("launching {name}"), e))
+    }
+}
+
+/// One kernel argument: a device pointer, an int, a long or a float.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    P(u64),
+    I(i32),
+    L(i64),
+    F(f32),
+}
+
+impl From<u64> for Arg {
+    fn from(v: u64) -> Self {
+        Arg::P(v)
+    }
+}
+impl From<i32> for Arg {
+    fn from(v: i32) -> Self {
+        Arg::I(v)
+    }
+}
+impl From<i64> for Arg {
+    fn from(v: i64) -> Self {
+        Arg::L(v)
+    }
+}
+impl From<f32> for Arg {
+    fn from(v: f32) -> Self {
+        Arg::F(v)
+    }
+}
+
+/// `args![a, b, ..]`: kernel arguments from u64 pointers, i32, i64 and f32 values.
+#[macro_export]
+macro_rules! args {
+    ($($a:expr),* $(,)?) => { [$($crate::gpu::Arg::from($a)),*] };
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        let _ = self.stream.synchronize();
+        // SAFETY: created in new, destroyed once.
+        let _ = unsafe { blas::destroy_handle(self.blas) };
+    }
+}

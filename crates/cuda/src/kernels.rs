@@ -1,0 +1,126 @@
+//! The kernel sources, compiled by NVRTC for the device's architecture at start and cached on
+//! disk by content hash (`$MLASERVE_KERNEL_CACHE`, else `$XDG_CACHE_HOME/mlaserve/kernels`,
+//! else `~/.cache/mlaserve/kernels`). A cache that cannot be read or written only costs a
+//! recompile (~0.2 s); it is never an error.
+
+use crate::error::{CudaError, Result};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+use std::path::PathBuf;
+
+/// Every kernel, one translation unit: the shared prelude first.
+pub const SOURCE: &str = concat!(
+    include_str!("../kernels/common.cuh"),
+    include_str!("../kernels/elementwise.cu"),
+    include_str!("../kernels/attention.cu"),
+);
+
+/// Kernel names exported by [`SOURCE`] (each is loaded at start, so a missing one fails early).
+pub const NAMES: &[&str] = &[
+    "embed_bf16",
+    "f32_to_bf16",
+    "rms_norm",
+    "layer_norm",
+    "rope_interleaved",
+    "silu_mul_bf16",
+    "gather_rows_bf16",
+    "moe_combine",
+    "cache_write_bf16",
+    "cache_write_f32",
+    "gather_latent",
+    "attn_mha",
+    "attn_mqa_split",
+    "attn_mqa_combine",
+    "dsa_scores",
+];
+
+/// NVRTC's name for a compute capability.
+pub fn arch_for(major: i32, minor: i32) -> Result<&'static str> {
+    Ok(match (major, minor) {
+        (7, 0) => "sm_70",
+        (7, 5) => "sm_75",
+        (8, 0) => "sm_80",
+        (8, 6) => "sm_86",
+        (8, 9) => "sm_89",
+        (9, 0) => "sm_90",
+        (10, 0) => "sm_100",
+        (12, 0) => "sm_120",
+        _ => {
+            return Err(CudaError::Unavailable(format!(
+                "compute capability {major}.{minor} is not one this build knows"
+            )))
+        }
+    })
+}
+
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in *p {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+fn cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("MLASERVE_KERNEL_CACHE") {
+        return Some(PathBuf::from(d));
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(d).join("mlaserve/kernels"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/mlaserve/kernels"))
+}
+
+/// PTX of [`SOURCE`] for `arch`, from the disk cache or NVRTC. Returns (ptx, from_cache).
+pub fn ptx_for(arch: &'static str) -> Result<(Ptx, bool)> {
+    let key = format!(
+        "{:016x}",
+        fnv1a(&[
+            SOURCE.as_bytes(),
+            arch.as_bytes(),
+            env!("CARGO_PKG_VERSION").as_bytes()
+        ])
+    );
+    let path = cache_dir().map(|d| d.join(format!("{key}-{arch}.ptx")));
+    if let Some(p) = &path {
+        if let Ok(src) = std::fs::read_to_string(p) {
+            if src.contains(".entry") {
+                return Ok((Ptx::from_src(src), true));
+            }
+        }
+    }
+    let ptx = compile(arch)?;
+    if let Some(p) = &path {
+        let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+        let wrote = p.parent().map(std::fs::create_dir_all).transpose().is_ok()
+            && std::fs::write(&tmp, ptx.to_src()).is_ok()
+            && std::fs::rename(&tmp, p).is_ok();
+        if !wrote {
+            tracing::debug!("could not cache kernels at {}", p.display());
+        }
+    }
+    Ok((ptx, false))
+}
+
+/// Compiles [`SOURCE`] with NVRTC (no GPU needed, only libnvrtc).
+pub fn compile(arch: &'static str) -> Result<Ptx> {
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(CudaError::Unavailable(
+            "libnvrtc was not found on the library path".into(),
+        ));
+    }
+    let opts = CompileOptions {
+        arch: Some(arch),
+        options: vec!["--std=c++17".into()],
+        name: Some("mlaserve_kernels.cu".into()),
+        ..Default::default()
+    };
+    compile_ptx_with_opts(SOURCE, opts).map_err(|e| CudaError::Compile {
+        arch: arch.into(),
+        log: format!("{e:?}"),
+    })
+}

@@ -1,0 +1,510 @@
+//! The op set: one typed method per kernel, plus the cuBLAS GEMMs. Shapes are row-major;
+//! `bf16` buffers hold bit patterns (`u16`). Each method only enqueues work on the stream.
+//!
+//! GEMM convention (the model's): `out[M, N] = x[M, K] · w[N, K]^T`, weights stored
+//! [out_features, in_features] like every model matrix, f32 accumulation. cuBLAS is
+//! column-major, so this is `out^T = w · x^T` with `op(w) = T`.
+
+use crate::args;
+use crate::error::{CudaError, Result};
+use crate::gpu::{DBuf, Gpu};
+use cudarc::cublas::{result as blas, sys};
+use std::ffi::c_void;
+
+pub type Bf16 = u16;
+
+fn grid1(n: usize) -> (u32, u32, u32) {
+    (n as u32, 1, 1)
+}
+
+fn stride_grid(n: usize) -> (u32, u32, u32) {
+    (n.div_ceil(256).clamp(1, 65_535) as u32, 1, 1)
+}
+
+/// Element type of a GEMM operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmType {
+    Bf16,
+    F32,
+}
+
+impl GemmType {
+    fn cuda(self) -> sys::cudaDataType {
+        match self {
+            GemmType::Bf16 => sys::cudaDataType::CUDA_R_16BF,
+            GemmType::F32 => sys::cudaDataType::CUDA_R_32F,
+        }
+    }
+}
+
+/// One (possibly strided-batched) GEMM: for b in 0..batch,
+/// `out_b[M, N] (ld ldo) = alpha · x_b[M, K] (ld ldx) · w_b[N, K]^T (ld ldw) + beta · out_b`,
+/// operand b at `ptr + b * stride` elements. Output is always f32.
+#[derive(Clone, Copy, Debug)]
+pub struct Gemm {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub ty: GemmType,
+    pub x: u64,
+    pub ldx: usize,
+    pub stride_x: usize,
+    pub w: u64,
+    pub ldw: usize,
+    pub stride_w: usize,
+    pub out: u64,
+    pub ldo: usize,
+    pub stride_o: usize,
+    pub batch: usize,
+    pub beta: f32,
+}
+
+impl Gemm {
+    /// Plain `out[M, N] = x[M, K] · w[N, K]^T`, contiguous rows.
+    pub fn plain(ty: GemmType, m: usize, n: usize, k: usize, x: u64, w: u64, out: u64) -> Self {
+        Gemm {
+            m,
+            n,
+            k,
+            ty,
+            x,
+            ldx: k,
+            stride_x: 0,
+            w,
+            ldw: k,
+            stride_w: 0,
+            out,
+            ldo: n,
+            stride_o: 0,
+            batch: 1,
+            beta: 0.0,
+        }
+    }
+
+    pub fn accumulate(mut self) -> Self {
+        self.beta = 1.0;
+        self
+    }
+}
+
+impl Gpu {
+    pub fn gemm(&self, g: &Gemm) -> Result<()> {
+        if g.m == 0 || g.n == 0 || g.batch == 0 {
+            return Ok(());
+        }
+        if g.k == 0 {
+            return Err(CudaError::Invalid("GEMM with k = 0".into()));
+        }
+        let alpha = 1f32;
+        let ty = g.ty.cuda();
+        let err = |e: cudarc::cublas::result::CublasError| CudaError::Cublas {
+            op: format!("gemm m={} n={} k={} batch={}", g.m, g.n, g.k, g.batch),
+            msg: format!("{e:?}"),
+        };
+        // SAFETY: pointers come from live DBufs sized by the caller for these shapes.
+        unsafe {
+            if g.batch == 1 {
+                blas::gemm_ex(
+                    self.blas(),
+                    sys::cublasOperation_t::CUBLAS_OP_T,
+                    sys::cublasOperation_t::CUBLAS_OP_N,
+                    g.n as i32,
+                    g.m as i32,
+                    g.k as i32,
+                    &alpha as *const f32 as *const c_void,
+                    g.w as *const c_void,
+                    ty,
+                    g.ldw as i32,
+                    g.x as *const c_void,
+                    ty,
+                    g.ldx as i32,
+                    &g.beta as *const f32 as *const c_void,
+                    g.out as *mut c_void,
+                    sys::cudaDataType::CUDA_R_32F,
+                    g.ldo as i32,
+                    sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+                .map_err(err)
+            } else {
+                blas::gemm_strided_batched_ex(
+                    self.blas(),
+                    sys::cublasOperation_t::CUBLAS_OP_T,
+                    sys::cublasOperation_t::CUBLAS_OP_N,
+                    g.n as i32,
+                    g.m as i32,
+                    g.k as i32,
+                    &alpha as *const f32 as *const c_void,
+                    g.w as *const c_void,
+                    ty,
+                    g.ldw as i32,
+                    g.stride_w as i64,
+                    g.x as *const c_void,
+                    ty,
+                    g.ldx as i32,
+                    g.stride_x as i64,
+                    &g.beta as *const f32 as *const c_void,
+                    g.out as *mut c_void,
+                    sys::cudaDataType::CUDA_R_32F,
+                    g.ldo as i32,
+                    g.stride_o as i64,
+                    g.batch as i32,
+                    sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+                .map_err(err)
+            }
+        }
+    }
+
+    /// x[t, :] = table[tokens[t], :] as f32.  table [V, h] bf16, tokens [T], x [T, h].
+    pub fn embed(&self, table: &DBuf<Bf16>, tokens: &DBuf<u32>, x: u64, h: usize) -> Result<()> {
+        let (tp, kp, h32) = (table.ptr(), tokens.ptr(), h as i32);
+        self.launch(
+            "embed_bf16",
+            Gpu::cfg(grid1(tokens.len()), 256),
+            &args![tp, kp, x, h32],
+        )
+    }
+
+    /// y[i] = bf16(x[i]) for n elements.
+    pub fn to_bf16(&self, x: u64, y: u64, n: usize) -> Result<()> {
+        let n64 = n as i64;
+        self.launch(
+            "f32_to_bf16",
+            Gpu::cfg(stride_grid(n), 256),
+            &args![x, y, n64],
+        )
+    }
+
+    /// RMSNorm of `rows` rows (n wide, stride xs; `rows_idx` picks input rows, 0 = identity)
+    /// times w, to f32 `out` (stride os) and/or bf16 `outb` (stride obs); 0 = not written.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rms_norm(
+        &self,
+        rows: usize,
+        x: u64,
+        xs: usize,
+        rows_idx: u64,
+        w: u64,
+        out: u64,
+        os: usize,
+        outb: u64,
+        obs: usize,
+        n: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let (xs, os, obs, n) = (xs as i32, os as i32, obs as i32, n as i32);
+        self.launch(
+            "rms_norm",
+            Gpu::cfg(grid1(rows), 256),
+            &args![x, xs, rows_idx, w, out, os, outb, obs, n, eps],
+        )
+    }
+
+    /// LayerNorm (weight w, bias b) of `rows` rows of n (stride xs) in place.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layer_norm(
+        &self,
+        rows: usize,
+        x: u64,
+        xs: usize,
+        w: u64,
+        bias: u64,
+        n: usize,
+        eps: f32,
+    ) -> Result<()> {
+        let (xs, n) = (xs as i32, n as i32);
+        self.launch(
+            "layer_norm",
+            Gpu::cfg(grid1(rows), 128),
+            &args![x, xs, w, bias, n, eps],
+        )
+    }
+
+    /// Interleaved RoPE in place on `rows` tokens: n_heads heads of r values at
+    /// x + t*row_stride + h*head_stride + offset; cos/sin tables [rows, r/2].
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope(
+        &self,
+        rows: usize,
+        x: u64,
+        row_stride: usize,
+        n_heads: usize,
+        head_stride: usize,
+        offset: usize,
+        r: usize,
+        cos: u64,
+        sin: u64,
+    ) -> Result<()> {
+        let (rs, nh, hs, off, r) = (
+            row_stride as i32,
+            n_heads as i32,
+            head_stride as i32,
+            offset as i32,
+            r as i32,
+        );
+        self.launch(
+            "rope_interleaved",
+            Gpu::cfg(grid1(rows), 128),
+            &args![x, rs, nh, hs, off, r, cos, sin],
+        )
+    }
+
+    /// out[t, i] = bf16(silu(gu[t, i]) * gu[t, f + i]); gu [rows, 2f] f32, out [rows, f].
+    pub fn silu_mul(&self, gu: u64, out: u64, f: usize, rows: usize) -> Result<()> {
+        let (f32_, r64) = (f as i32, rows as i64);
+        self.launch(
+            "silu_mul_bf16",
+            Gpu::cfg(stride_grid(rows * f), 256),
+            &args![gu, out, f32_, r64],
+        )
+    }
+
+    /// dst[m, :] = src[idx[m], :], bf16 rows of n; idx [M] i32.
+    pub fn gather_rows(&self, src: u64, idx: u64, m: usize, dst: u64, n: usize) -> Result<()> {
+        let n = n as i32;
+        self.launch(
+            "gather_rows_bf16",
+            Gpu::cfg(grid1(m), 256),
+            &args![src, idx, dst, n],
+        )
+    }
+
+    /// x[t, :] += sum_j w[t, j] * y[rows[t, j], :]; rows/w [T, k] (rows < 0 skipped).
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_combine(
+        &self,
+        t: usize,
+        x: u64,
+        y: u64,
+        rows: u64,
+        w: u64,
+        k: usize,
+        h: usize,
+    ) -> Result<()> {
+        let (k, h) = (k as i32, h as i32);
+        self.launch(
+            "moe_combine",
+            Gpu::cfg(grid1(t), 256),
+            &args![x, y, rows, w, k, h],
+        )
+    }
+
+    /// cache[slots[t], :] = bf16(kv[t, :w]) (kv row stride ks); slots [T] i64.
+    pub fn cache_write_bf16(
+        &self,
+        t: usize,
+        kv: u64,
+        ks: usize,
+        slots: u64,
+        cache: u64,
+        w: usize,
+    ) -> Result<()> {
+        let (ks, w) = (ks as i32, w as i32);
+        self.launch(
+            "cache_write_bf16",
+            Gpu::cfg(grid1(t), 256),
+            &args![kv, ks, slots, cache, w],
+        )
+    }
+
+    /// cache[slots[t], :] = kv[t, :w] in f32.
+    pub fn cache_write_f32(
+        &self,
+        t: usize,
+        kv: u64,
+        ks: usize,
+        slots: u64,
+        cache: u64,
+        w: usize,
+    ) -> Result<()> {
+        let (ks, w) = (ks as i32, w as i32);
+        self.launch(
+            "cache_write_f32",
+            Gpu::cfg(grid1(t), 256),
+            &args![kv, ks, slots, cache, w],
+        )
+    }
+
+    /// Rows of `slots` [S] from the latent cache (width w): [0, l) to kvc [S, l] bf16,
+    /// [l, w) to kpe [S, w - l] f32.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gather_latent(
+        &self,
+        s: usize,
+        cache: u64,
+        slots: u64,
+        w: usize,
+        l: usize,
+        kvc: u64,
+        kpe: u64,
+    ) -> Result<()> {
+        let (w, l) = (w as i32, l as i32);
+        self.launch(
+            "gather_latent",
+            Gpu::cfg(grid1(s), 256),
+            &args![cache, slots, w, l, kvc, kpe],
+        )
+    }
+}
+
+/// Per-query key lists, on the device (see attention.cu): counts, CSR offsets (-1 = dense
+/// 0..n), positions, and where each query's keys live.
+pub struct KeyLists {
+    /// [T] number of keys of each query.
+    pub n_keys: u64,
+    /// [T] offset into `sel_pos`, or -1 for dense causal.
+    pub sel_off: u64,
+    /// [sum of selected] positions, ascending per query.
+    pub sel_pos: u64,
+}
+
+/// MLA dimensions of one attention launch.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnDims {
+    pub t: usize,
+    pub heads: usize,
+    pub p: usize,
+    pub r: usize,
+    pub v: usize,
+    pub l: usize,
+    pub scale: f32,
+}
+
+impl Gpu {
+    /// Unabsorbed attention: q [T, N*(P+R)], k_nope [S, N*P], kpe [S, R] f32, v [S, N*V],
+    /// out [T, N*V]; query t's key position p is row kv_base[t] + p.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_mha(
+        &self,
+        d: &AttnDims,
+        q: u64,
+        k_nope: u64,
+        kpe: u64,
+        v: u64,
+        out: u64,
+        keys: &KeyLists,
+        kv_base: u64,
+    ) -> Result<()> {
+        if d.p + d.r > 1024 || d.v > 1024 {
+            return Err(CudaError::Invalid(format!(
+                "attention head dims qk={} v={} exceed the kernel's 1024",
+                d.p + d.r,
+                d.v
+            )));
+        }
+        let (nh, p, r, vd) = (d.heads as i32, d.p as i32, d.r as i32, d.v as i32);
+        let (nk, so, sp, scale) = (keys.n_keys, keys.sel_off, keys.sel_pos, d.scale);
+        self.launch(
+            "attn_mha",
+            Gpu::cfg((d.t as u32, d.heads as u32, 1), 128),
+            &args![q, k_nope, kpe, v, out, nk, so, sp, kv_base, nh, p, r, vd, scale],
+        )
+    }
+
+    /// Absorbed attention over the paged cache, split over the keys in `splits` parts and
+    /// LSE-combined: q_lat [T, N, L] f32, q [T, N*(P+R)] (rope part read), cache [slots, L+R]
+    /// bf16 → o_lat [T, N, L] bf16. `part` [T*N*splits*L] and `lse` [T*N*splits] are scratch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_mqa(
+        &self,
+        d: &AttnDims,
+        q_lat: u64,
+        q: u64,
+        cache: u64,
+        keys: &KeyLists,
+        block_tables: u64,
+        bt_off: u64,
+        block_size: usize,
+        splits: usize,
+        part: u64,
+        lse: u64,
+        o_lat: u64,
+    ) -> Result<()> {
+        if d.l + d.r > 1152 || d.l > 1024 {
+            return Err(CudaError::Invalid(format!(
+                "latent row {}+{} exceeds the kernel's limit",
+                d.l, d.r
+            )));
+        }
+        let (nh, p, r, l) = (d.heads as i32, d.p as i32, d.r as i32, d.l as i32);
+        let (nk, so, sp, scale, bs) = (
+            keys.n_keys,
+            keys.sel_off,
+            keys.sel_pos,
+            d.scale,
+            block_size as i32,
+        );
+        self.launch(
+            "attn_mqa_split",
+            Gpu::cfg((d.t as u32, d.heads as u32, splits as u32), 128),
+            &args![
+                q_lat,
+                q,
+                cache,
+                part,
+                lse,
+                nk,
+                so,
+                sp,
+                block_tables,
+                bt_off,
+                bs,
+                nh,
+                p,
+                r,
+                l,
+                scale
+            ],
+        )?;
+        let ns = splits as i32;
+        self.launch(
+            "attn_mqa_combine",
+            Gpu::cfg(grid1(d.t * d.heads), 256),
+            &args![part, lse, o_lat, ns, l],
+        )
+    }
+
+    /// DSA indexer scores [T, max_keys] over dense key lists (n_keys[t] = pos + 1):
+    /// iq [T, hi*d], wt [T, hi] (times hi^-0.5 here), kcache [slots, d] f32.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dsa_scores(
+        &self,
+        t: usize,
+        iq: u64,
+        wt: u64,
+        kcache: u64,
+        scores: u64,
+        n_keys: u64,
+        block_tables: u64,
+        bt_off: u64,
+        block_size: usize,
+        hi: usize,
+        d: usize,
+        max_keys: usize,
+    ) -> Result<()> {
+        let (bs, hi32, d32, mk) = (block_size as i32, hi as i32, d as i32, max_keys as i32);
+        let d_scale = (d as f32).powf(-0.5);
+        let w_scale = (hi as f32).powf(-0.5);
+        self.launch(
+            "dsa_scores",
+            Gpu::cfg((t as u32, max_keys.div_ceil(4) as u32, 1), 128),
+            &args![
+                iq,
+                wt,
+                kcache,
+                scores,
+                n_keys,
+                block_tables,
+                bt_off,
+                bs,
+                hi32,
+                d32,
+                d_scale,
+                w_scale,
+                mk
+            ],
+        )
+    }
+}

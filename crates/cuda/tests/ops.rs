@@ -1,0 +1,838 @@
+//! Op table: every CUDA op against the CPU reference on fresh random inputs, outputs
+//! poisoned with NaN first (an unwritten element fails), error bounds stated per dtype:
+//! - f32 outputs from f32 math: max|gpu - cpu| / max|cpu| <= 1e-5 (attention, with its
+//!   exp and reassociation: 1e-4);
+//! - bf16 outputs (or GEMMs over bf16 inputs): the reference uses the same bf16-rounded
+//!   inputs, so only accumulation order differs: <= 1e-4; bf16-rounded outputs <= 2^-8;
+//! - moves (embedding, gathers, cache writes, bf16 conversion): exact.
+//! On a host without CUDA the test prints why and passes without running (CI builds it).
+//! `MLASERVE_OP_REPORT=path.json` writes the table with the GPU and driver.
+
+use mlaserve_backend::{rms_norm, silu_mul};
+use mlaserve_cuda::ops::{AttnDims, Gemm, GemmType, KeyLists};
+use mlaserve_cuda::{DBuf, Gpu};
+use mlaserve_model::layers::attention::attend;
+use mlaserve_model::layers::dsa::top_k;
+use mlaserve_model::layers::rope::Rope;
+use mlaserve_model::Yarn;
+
+struct Rng(u64);
+impl Rng {
+    fn f(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f() * scale).collect()
+    }
+    fn below(&mut self, n: usize) -> usize {
+        ((self.f() * 0.5 + 0.5) * n as f32) as usize % n.max(1)
+    }
+}
+
+fn bf(x: f32) -> u16 {
+    half::bf16::from_f32(x).to_bits()
+}
+fn unbf(x: u16) -> f32 {
+    half::bf16::from_bits(x).to_f32()
+}
+fn round_bf(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| unbf(bf(x))).collect()
+}
+
+/// max|a - b| / max|b|; NaN anywhere gives NaN (never passes).
+fn rel_err(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len(), "length");
+    let mut num = 0f64;
+    let mut den = 0f64;
+    for (&g, &w) in got.iter().zip(want) {
+        if g.is_nan() || w.is_nan() {
+            return f64::NAN;
+        }
+        num = num.max((g as f64 - w as f64).abs());
+        den = den.max((w as f64).abs());
+    }
+    if den == 0.0 {
+        num
+    } else {
+        num / den
+    }
+}
+
+struct Report {
+    rows: Vec<(String, String, String, f64, f64)>,
+}
+
+impl Report {
+    fn check(&mut self, op: &str, shape: String, dtype: &str, err: f64, bound: f64) {
+        println!("{op:<18} {shape:<40} {dtype:<10} err {err:.3e} bound {bound:.1e}");
+        self.rows.push((op.into(), shape, dtype.into(), err, bound));
+    }
+}
+
+fn poisoned<T>(gpu: &Gpu, n: usize) -> DBuf<T> {
+    gpu.alloc_filled::<T>(n, 0xff).unwrap()
+}
+
+fn gemm_ref(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    let mut out = vec![0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = 0f64;
+            for p in 0..k {
+                acc += x[i * k + p] as f64 * w[j * k + p] as f64;
+            }
+            out[i * n + j] = acc as f32;
+        }
+    }
+    out
+}
+
+fn gemms(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
+    for &(m, n, k) in &[
+        (1, 256, 128),
+        (7, 576, 512),
+        (64, 1024, 256),
+        (300, 384, 1024),
+    ] {
+        let x = round_bf(&rng.vec(m * k, 1.0));
+        let w = round_bf(&rng.vec(n * k, 0.1));
+        let xd = gpu
+            .upload(&x.iter().map(|&v| bf(v)).collect::<Vec<_>>())
+            .unwrap();
+        let wd = gpu
+            .upload(&w.iter().map(|&v| bf(v)).collect::<Vec<_>>())
+            .unwrap();
+        let out = poisoned::<f32>(gpu, m * n);
+        gpu.gemm(&Gemm::plain(
+            GemmType::Bf16,
+            m,
+            n,
+            k,
+            xd.ptr(),
+            wd.ptr(),
+            out.ptr(),
+        ))
+        .unwrap();
+        let got = gpu.to_host(&out).unwrap();
+        rep.check(
+            "gemm",
+            format!("m{m} n{n} k{k}"),
+            "bf16>f32",
+            rel_err(&got, &gemm_ref(&x, &w, m, n, k)),
+            1e-4,
+        );
+        // beta = 1 accumulates onto existing output.
+        let base = rng.vec(m * n, 1.0);
+        let acc = gpu.upload(&base).unwrap();
+        gpu.gemm(&Gemm::plain(GemmType::Bf16, m, n, k, xd.ptr(), wd.ptr(), acc.ptr()).accumulate())
+            .unwrap();
+        let got = gpu.to_host(&acc).unwrap();
+        let want: Vec<f32> = gemm_ref(&x, &w, m, n, k)
+            .iter()
+            .zip(&base)
+            .map(|(a, b)| a + b)
+            .collect();
+        rep.check(
+            "gemm+acc",
+            format!("m{m} n{n} k{k}"),
+            "bf16>f32",
+            rel_err(&got, &want),
+            1e-4,
+        );
+    }
+    // f32 router GEMM.
+    let (m, n, k) = (5, 64, 256);
+    let x = rng.vec(m * k, 1.0);
+    let w = rng.vec(n * k, 0.1);
+    let (xd, wd) = (gpu.upload(&x).unwrap(), gpu.upload(&w).unwrap());
+    let out = poisoned::<f32>(gpu, m * n);
+    gpu.gemm(&Gemm::plain(
+        GemmType::F32,
+        m,
+        n,
+        k,
+        xd.ptr(),
+        wd.ptr(),
+        out.ptr(),
+    ))
+    .unwrap();
+    rep.check(
+        "gemm",
+        format!("m{m} n{n} k{k}"),
+        "f32",
+        rel_err(&gpu.to_host(&out).unwrap(), &gemm_ref(&x, &w, m, n, k)),
+        1e-5,
+    );
+    // Strided batched over heads, non-contiguous x (the absorbed q_lat = W_UK_h · q_nope_h).
+    for &(t, heads, p, r, l) in &[(5, 16, 128, 64, 512), (3, 4, 192, 64, 512)] {
+        let qk = p + r;
+        let q = round_bf(&rng.vec(t * heads * qk, 1.0));
+        let wk = round_bf(&rng.vec(heads * l * p, 0.1));
+        let qd = gpu
+            .upload(&q.iter().map(|&v| bf(v)).collect::<Vec<_>>())
+            .unwrap();
+        let wdv = gpu
+            .upload(&wk.iter().map(|&v| bf(v)).collect::<Vec<_>>())
+            .unwrap();
+        let out = poisoned::<f32>(gpu, t * heads * l);
+        gpu.gemm(&Gemm {
+            m: t,
+            n: l,
+            k: p,
+            ty: GemmType::Bf16,
+            x: qd.ptr(),
+            ldx: heads * qk,
+            stride_x: qk,
+            w: wdv.ptr(),
+            ldw: p,
+            stride_w: l * p,
+            out: out.ptr(),
+            ldo: heads * l,
+            stride_o: l,
+            batch: heads,
+            beta: 0.0,
+        })
+        .unwrap();
+        let got = gpu.to_host(&out).unwrap();
+        let mut want = vec![0f32; t * heads * l];
+        for h in 0..heads {
+            let xh: Vec<f32> = (0..t)
+                .flat_map(|i| q[i * heads * qk + h * qk..][..p].to_vec())
+                .collect();
+            let r = gemm_ref(&xh, &wk[h * l * p..(h + 1) * l * p], t, l, p);
+            for i in 0..t {
+                want[i * heads * l + h * l..][..l].copy_from_slice(&r[i * l..(i + 1) * l]);
+            }
+        }
+        rep.check(
+            "gemm_batched",
+            format!("T{t} N{heads} P{p} L{l} ldx{}", heads * qk),
+            "bf16>f32",
+            rel_err(&got, &want),
+            1e-4,
+        );
+    }
+}
+
+fn elementwise(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
+    // embedding
+    let (vocab, h, t) = (300, 256, 9);
+    let table: Vec<u16> = rng.vec(vocab * h, 1.0).iter().map(|&v| bf(v)).collect();
+    let toks: Vec<u32> = (0..t).map(|_| rng.below(vocab) as u32).collect();
+    let (td, kd) = (gpu.upload(&table).unwrap(), gpu.upload(&toks).unwrap());
+    let x = poisoned::<f32>(gpu, t * h);
+    gpu.embed(&td, &kd, x.ptr(), h).unwrap();
+    let want: Vec<f32> = toks
+        .iter()
+        .flat_map(|&k| table[k as usize * h..][..h].iter().map(|&b| unbf(b)))
+        .collect();
+    rep.check(
+        "embed",
+        format!("V{vocab} H{h} T{t}"),
+        "bf16>f32",
+        rel_err(&gpu.to_host(&x).unwrap(), &want),
+        0.0,
+    );
+    // f32 -> bf16, with specials
+    let mut v = rng.vec(10_000, 100.0);
+    v.extend([
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1e-40,
+        -3e-39,
+        65504.0,
+        3.4e38,
+    ]);
+    let vd = gpu.upload(&v).unwrap();
+    let out = poisoned::<u16>(gpu, v.len());
+    gpu.to_bf16(vd.ptr(), out.ptr(), v.len()).unwrap();
+    let got = gpu.to_host(&out).unwrap();
+    let mism = got.iter().zip(&v).filter(|(&g, &x)| g != bf(x)).count();
+    rep.check(
+        "f32_to_bf16",
+        format!("n{}", v.len()),
+        "f32>bf16",
+        mism as f64,
+        0.0,
+    );
+    // RMSNorm, f32 and bf16 outputs, strided input rows, a row index
+    for &(rows, n) in &[(1, 128), (7, 512), (33, 7168)] {
+        let xs = n + 64;
+        let xin = rng.vec(rows * xs, 2.0);
+        let w = rng.vec(n, 1.0);
+        let idx: Vec<i32> = (0..rows as i32).rev().collect();
+        let (xd, wd, id) = (
+            gpu.upload(&xin).unwrap(),
+            gpu.upload(&w).unwrap(),
+            gpu.upload(&idx).unwrap(),
+        );
+        let out = poisoned::<f32>(gpu, rows * n);
+        let outb = poisoned::<u16>(gpu, rows * n);
+        gpu.rms_norm(
+            rows,
+            xd.ptr(),
+            xs,
+            id.ptr(),
+            wd.ptr(),
+            out.ptr(),
+            n,
+            outb.ptr(),
+            n,
+            n,
+            1e-6,
+        )
+        .unwrap();
+        let mut want = Vec::new();
+        for &r in &idx {
+            let mut row = xin[r as usize * xs..][..n].to_vec();
+            rms_norm(&mut row, n, &w, 1e-6);
+            want.extend(row);
+        }
+        rep.check(
+            "rms_norm",
+            format!("rows{rows} n{n} stride{xs}"),
+            "f32",
+            rel_err(&gpu.to_host(&out).unwrap(), &want),
+            1e-5,
+        );
+        let gb: Vec<f32> = gpu
+            .to_host(&outb)
+            .unwrap()
+            .iter()
+            .map(|&b| unbf(b))
+            .collect();
+        rep.check(
+            "rms_norm",
+            format!("rows{rows} n{n}"),
+            "f32>bf16",
+            rel_err(&gb, &want),
+            1.0 / 256.0,
+        );
+    }
+    // LayerNorm in place
+    let (rows, n) = (6, 128);
+    let xin = rng.vec(rows * n, 3.0);
+    let (w, b) = (rng.vec(n, 1.0), rng.vec(n, 0.5));
+    let (xd, wd, bd) = (
+        gpu.upload(&xin).unwrap(),
+        gpu.upload(&w).unwrap(),
+        gpu.upload(&b).unwrap(),
+    );
+    gpu.layer_norm(rows, xd.ptr(), n, wd.ptr(), bd.ptr(), n, 1e-6)
+        .unwrap();
+    let mut want = xin.clone();
+    for row in want.chunks_mut(n) {
+        let mean = row.iter().sum::<f32>() / n as f32;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n as f32;
+        let inv = 1.0 / (var + 1e-6).sqrt();
+        for (i, v) in row.iter_mut().enumerate() {
+            *v = (*v - mean) * inv * w[i] + b[i];
+        }
+    }
+    rep.check(
+        "layer_norm",
+        format!("rows{rows} n{n}"),
+        "f32",
+        rel_err(&gpu.to_host(&xd).unwrap(), &want),
+        1e-5,
+    );
+    // RoPE with YaRN on q_pe of every head (offset inside the head) and on k_pe
+    let yarn = Yarn {
+        factor: 40.0,
+        original_context_length: 4096,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        log_multiplier: 0.1,
+        attn_factor: 1.0,
+    };
+    for (heads, p, r) in [(16usize, 128usize, 64usize), (4, 32, 16)] {
+        let t = 11;
+        let rope = Rope::new(r, 10000.0, Some(&yarn));
+        let pos: Vec<usize> = (0..t).map(|i| i * 977 % 5000).collect();
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        for &ps in &pos {
+            let (c, s) = rope.cos_sin(ps);
+            cos.extend(c);
+            sin.extend(s);
+        }
+        let qk = p + r;
+        let q = rng.vec(t * heads * qk, 1.0);
+        let (qd, cd, sd) = (
+            gpu.upload(&q).unwrap(),
+            gpu.upload(&cos).unwrap(),
+            gpu.upload(&sin).unwrap(),
+        );
+        gpu.rope(t, qd.ptr(), heads * qk, heads, qk, p, r, cd.ptr(), sd.ptr())
+            .unwrap();
+        let mut want = q.clone();
+        for i in 0..t {
+            for hd in 0..heads {
+                let o = i * heads * qk + hd * qk + p;
+                Rope::apply(
+                    &mut want[o..o + r],
+                    &cos[i * r / 2..(i + 1) * r / 2],
+                    &sin[i * r / 2..(i + 1) * r / 2],
+                );
+            }
+        }
+        rep.check(
+            "rope_yarn",
+            format!("T{t} N{heads} P{p} R{r}"),
+            "f32",
+            rel_err(&gpu.to_host(&qd).unwrap(), &want),
+            1e-5,
+        );
+    }
+    // SwiGLU to bf16
+    let (rows, f) = (13, 1408);
+    let gu = rng.vec(rows * 2 * f, 3.0);
+    let gd = gpu.upload(&gu).unwrap();
+    let out = poisoned::<u16>(gpu, rows * f);
+    gpu.silu_mul(gd.ptr(), out.ptr(), f, rows).unwrap();
+    let mut want = Vec::new();
+    for row in gu.chunks(2 * f) {
+        let mut g = row[..f].to_vec();
+        silu_mul(&mut g, &row[f..]);
+        want.extend(g);
+    }
+    let got: Vec<f32> = gpu
+        .to_host(&out)
+        .unwrap()
+        .iter()
+        .map(|&b| unbf(b))
+        .collect();
+    rep.check(
+        "silu_mul",
+        format!("rows{rows} F{f}"),
+        "f32>bf16",
+        rel_err(&got, &want),
+        1.0 / 256.0,
+    );
+    // gather rows + MoE combine
+    let (t, k, h) = (6, 3, 96);
+    let src: Vec<u16> = rng.vec(t * h, 1.0).iter().map(|&v| bf(v)).collect();
+    let idx: Vec<i32> = (0..t * k).map(|i| (i % t) as i32).collect();
+    let (sd, id) = (gpu.upload(&src).unwrap(), gpu.upload(&idx).unwrap());
+    let dst = poisoned::<u16>(gpu, t * k * h);
+    gpu.gather_rows(sd.ptr(), id.ptr(), t * k, dst.ptr(), h)
+        .unwrap();
+    let want: Vec<u16> = idx
+        .iter()
+        .flat_map(|&i| src[i as usize * h..][..h].to_vec())
+        .collect();
+    let mism = gpu
+        .to_host(&dst)
+        .unwrap()
+        .iter()
+        .zip(&want)
+        .filter(|(a, b)| a != b)
+        .count();
+    rep.check(
+        "gather_rows",
+        format!("M{} H{h}", t * k),
+        "bf16",
+        mism as f64,
+        0.0,
+    );
+    let y = rng.vec(t * k * h, 1.0);
+    let mut rows_of: Vec<i32> = (0..(t * k) as i32).rev().collect();
+    rows_of[4] = -1;
+    let wts = rng.vec(t * k, 1.0);
+    let x0 = rng.vec(t * h, 1.0);
+    let (xd, yd, rd, wd) = (
+        gpu.upload(&x0).unwrap(),
+        gpu.upload(&y).unwrap(),
+        gpu.upload(&rows_of).unwrap(),
+        gpu.upload(&wts).unwrap(),
+    );
+    gpu.moe_combine(t, xd.ptr(), yd.ptr(), rd.ptr(), wd.ptr(), k, h)
+        .unwrap();
+    let mut want = x0.clone();
+    for ti in 0..t {
+        for j in 0..k {
+            let r = rows_of[ti * k + j];
+            if r >= 0 {
+                for i in 0..h {
+                    want[ti * h + i] += wts[ti * k + j] * y[r as usize * h + i];
+                }
+            }
+        }
+    }
+    rep.check(
+        "moe_combine",
+        format!("T{t} K{k} H{h}"),
+        "f32",
+        rel_err(&gpu.to_host(&xd).unwrap(), &want),
+        1e-6,
+    );
+}
+
+/// A paged bf16 latent cache with shuffled blocks, and its rows as f32.
+struct Paged {
+    cache: Vec<u16>,
+    table: Vec<i32>,
+    bs: usize,
+    w: usize,
+}
+
+impl Paged {
+    fn new(rng: &mut Rng, positions: usize, bs: usize, w: usize) -> Self {
+        let nb = positions.div_ceil(bs) + 3;
+        let mut table: Vec<i32> = (0..nb as i32).collect();
+        for i in (1..table.len()).rev() {
+            table.swap(i, rng.below(i + 1));
+        }
+        let cache = rng.vec(nb * bs * w, 1.0).iter().map(|&v| bf(v)).collect();
+        Paged {
+            cache,
+            table,
+            bs,
+            w,
+        }
+    }
+    fn slot(&self, p: usize) -> usize {
+        self.table[p / self.bs] as usize * self.bs + p % self.bs
+    }
+    fn row(&self, p: usize) -> Vec<f32> {
+        self.cache[self.slot(p) * self.w..][..self.w]
+            .iter()
+            .map(|&b| unbf(b))
+            .collect()
+    }
+}
+
+fn attention(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
+    // Absorbed decode over the paged cache: several queries, dense and DSA-selected keys,
+    // one split and several.
+    for &(t, heads, l, r, ctx, splits, sparse) in &[
+        (3, 16, 512, 64, 300, 1, false),
+        (3, 16, 512, 64, 1000, 4, false),
+        (2, 128, 512, 64, 700, 3, true),
+        (4, 4, 64, 16, 40, 2, false),
+    ] {
+        let p = 32;
+        let w = l + r;
+        let paged = Paged::new(rng, ctx + t, 16, w);
+        let q_lat = rng.vec(t * heads * l, 1.0);
+        let q = rng.vec(t * heads * (p + r), 1.0);
+        let scale = 0.07;
+        let n_keys: Vec<i32>;
+        let mut sel_off = vec![-1i32; t];
+        let mut sel_pos = vec![0i32];
+        let mut lists: Vec<Vec<usize>> = Vec::new();
+        for i in 0..t {
+            let pos = ctx + i;
+            let keys: Vec<usize> = if sparse {
+                let scores = rng.vec(pos + 1, 1.0);
+                top_k(&scores, 256)
+            } else {
+                (0..=pos).collect()
+            };
+            if sparse {
+                sel_off[i] = sel_pos.len() as i32;
+                sel_pos.extend(keys.iter().map(|&k| k as i32));
+            }
+            lists.push(keys);
+        }
+        n_keys = lists.iter().map(|k| k.len() as i32).collect();
+        let d = |v: &[i32]| gpu.upload(v).unwrap();
+        let (nk, so, sp) = (d(&n_keys), d(&sel_off), d(&sel_pos));
+        let bt_off = d(&vec![0i32; t]);
+        let tables = d(&paged.table);
+        let cache = gpu.upload(&paged.cache).unwrap();
+        let (qld, qd) = (gpu.upload(&q_lat).unwrap(), gpu.upload(&q).unwrap());
+        let part = poisoned::<f32>(gpu, t * heads * splits * l);
+        let lse = poisoned::<f32>(gpu, t * heads * splits);
+        let o_lat = poisoned::<u16>(gpu, t * heads * l);
+        let dims = AttnDims {
+            t,
+            heads,
+            p,
+            r,
+            v: 0,
+            l,
+            scale,
+        };
+        let keys = KeyLists {
+            n_keys: nk.ptr(),
+            sel_off: so.ptr(),
+            sel_pos: sp.ptr(),
+        };
+        gpu.attn_mqa(
+            &dims,
+            qld.ptr(),
+            qd.ptr(),
+            cache.ptr(),
+            &keys,
+            tables.ptr(),
+            bt_off.ptr(),
+            16,
+            splits,
+            part.ptr(),
+            lse.ptr(),
+            o_lat.ptr(),
+        )
+        .unwrap();
+        let got: Vec<f32> = gpu
+            .to_host(&o_lat)
+            .unwrap()
+            .iter()
+            .map(|&b| unbf(b))
+            .collect();
+        let rows: Vec<Vec<f32>> = (0..ctx + t).map(|pp| paged.row(pp)).collect();
+        let mut want = vec![0f32; t * heads * l];
+        let mut scratch = Vec::new();
+        for i in 0..t {
+            for h in 0..heads {
+                let qp = &q[i * heads * (p + r) + h * (p + r) + p..][..r];
+                attend(
+                    &lists[i],
+                    |j| (&rows[j][..l], &rows[j][l..], &rows[j][..l]),
+                    &q_lat[(i * heads + h) * l..][..l],
+                    qp,
+                    scale,
+                    &mut scratch,
+                    &mut want[(i * heads + h) * l..][..l],
+                );
+            }
+        }
+        let name = format!(
+            "T{t} N{heads} L{l} R{r} ctx{ctx} splits{splits}{}",
+            if sparse { " topk256" } else { "" }
+        );
+        rep.check(
+            "attn_mqa",
+            name,
+            "bf16 cache",
+            rel_err(&got, &want),
+            1.0 / 256.0,
+        );
+    }
+    // Unabsorbed prefill over context: DeepSeek 192/128, GLM-5 256/256, tiny; dense and sparse.
+    for &(heads, p, r, v, ctx, t, sparse) in &[
+        (16, 128, 64, 128, 0, 37, false),
+        (16, 128, 64, 128, 50, 20, false),
+        (8, 192, 64, 256, 30, 25, true),
+        (4, 32, 16, 32, 5, 9, false),
+    ] {
+        let s = ctx + t;
+        let q = rng.vec(t * heads * (p + r), 1.0);
+        let kn = rng.vec(s * heads * p, 1.0);
+        let kpe = rng.vec(s * r, 1.0);
+        let vals = rng.vec(s * heads * v, 1.0);
+        let scale = (p as f32 + r as f32).powf(-0.5);
+        let mut sel_off = vec![-1i32; t];
+        let mut sel_pos = vec![0i32];
+        let mut lists = Vec::new();
+        for i in 0..t {
+            let pos = ctx + i;
+            let keys: Vec<usize> = if sparse && pos >= 16 {
+                let sc = rng.vec(pos + 1, 1.0);
+                let k = top_k(&sc, 16);
+                sel_off[i] = sel_pos.len() as i32;
+                sel_pos.extend(k.iter().map(|&x| x as i32));
+                k
+            } else {
+                (0..=pos).collect()
+            };
+            lists.push(keys);
+        }
+        let n_keys: Vec<i32> = lists.iter().map(|k| k.len() as i32).collect();
+        let d = |x: &[i32]| gpu.upload(x).unwrap();
+        let (nk, so, sp, kb) = (d(&n_keys), d(&sel_off), d(&sel_pos), d(&vec![0i32; t]));
+        let (qd, knd, kpd, vd) = (
+            gpu.upload(&q).unwrap(),
+            gpu.upload(&kn).unwrap(),
+            gpu.upload(&kpe).unwrap(),
+            gpu.upload(&vals).unwrap(),
+        );
+        let out = poisoned::<f32>(gpu, t * heads * v);
+        let dims = AttnDims {
+            t,
+            heads,
+            p,
+            r,
+            v,
+            l: 0,
+            scale,
+        };
+        let keys = KeyLists {
+            n_keys: nk.ptr(),
+            sel_off: so.ptr(),
+            sel_pos: sp.ptr(),
+        };
+        gpu.attn_mha(
+            &dims,
+            qd.ptr(),
+            knd.ptr(),
+            kpd.ptr(),
+            vd.ptr(),
+            out.ptr(),
+            &keys,
+            kb.ptr(),
+        )
+        .unwrap();
+        let got = gpu.to_host(&out).unwrap();
+        let mut want = vec![0f32; t * heads * v];
+        let mut scratch = Vec::new();
+        for i in 0..t {
+            for h in 0..heads {
+                let qr = &q[i * heads * (p + r) + h * (p + r)..][..p + r];
+                attend(
+                    &lists[i],
+                    |j| {
+                        (
+                            &kn[(j * heads + h) * p..][..p],
+                            &kpe[j * r..][..r],
+                            &vals[(j * heads + h) * v..][..v],
+                        )
+                    },
+                    &qr[..p],
+                    &qr[p..],
+                    scale,
+                    &mut scratch,
+                    &mut want[(i * heads + h) * v..][..v],
+                );
+            }
+        }
+        let name = format!(
+            "N{heads} qk{} v{v} ctx{ctx} T{t}{}",
+            p + r,
+            if sparse { " topk16" } else { "" }
+        );
+        rep.check("attn_mha", name, "f32", rel_err(&got, &want), 1e-4);
+    }
+    // Cache write + gather back (exact), and the DSA indexer scores.
+    let (t, w, l, bs) = (5, 576, 512, 16);
+    let paged = Paged::new(rng, 64, bs, w);
+    let cache = gpu.upload(&paged.cache).unwrap();
+    let kv = rng.vec(t * (w + 8), 1.0);
+    let slots: Vec<i64> = (0..t).map(|i| paged.slot(40 + i) as i64).collect();
+    let (kvd, sd) = (gpu.upload(&kv).unwrap(), gpu.upload(&slots).unwrap());
+    gpu.cache_write_bf16(t, kvd.ptr(), w + 8, sd.ptr(), cache.ptr(), w)
+        .unwrap();
+    let kvc = poisoned::<u16>(gpu, t * l);
+    let kpe = poisoned::<f32>(gpu, t * (w - l));
+    gpu.gather_latent(t, cache.ptr(), sd.ptr(), w, l, kvc.ptr(), kpe.ptr())
+        .unwrap();
+    let (gc, gp) = (gpu.to_host(&kvc).unwrap(), gpu.to_host(&kpe).unwrap());
+    let mut mism = 0;
+    for i in 0..t {
+        for c in 0..w {
+            let want = bf(kv[i * (w + 8) + c]);
+            let got = if c < l {
+                gc[i * l + c]
+            } else {
+                bf(gp[i * (w - l) + c - l])
+            };
+            mism += (got != want) as usize;
+        }
+    }
+    rep.check(
+        "cache_write+gather",
+        format!("T{t} W{w} L{l}"),
+        "f32>bf16",
+        mism as f64,
+        0.0,
+    );
+    let (hi, d, ctx, t): (usize, usize, usize, usize) = (8, 64, 90, 3);
+    let positions = ctx + t;
+    let nb = positions.div_ceil(bs) + 1;
+    let table: Vec<i32> = (0..nb as i32).rev().collect();
+    let kcache = rng.vec(nb * bs * d, 1.0);
+    let iq = rng.vec(t * hi * d, 1.0);
+    let wt = rng.vec(t * hi, 1.0);
+    let n_keys: Vec<i32> = (0..t).map(|i| (ctx + i + 1) as i32).collect();
+    let max_keys = positions;
+    let (iqd, wtd, kcd, nkd, btd, bo) = (
+        gpu.upload(&iq).unwrap(),
+        gpu.upload(&wt).unwrap(),
+        gpu.upload(&kcache).unwrap(),
+        gpu.upload(&n_keys).unwrap(),
+        gpu.upload(&table).unwrap(),
+        gpu.upload(&vec![0i32; t]).unwrap(),
+    );
+    let scores = poisoned::<f32>(gpu, t * max_keys);
+    gpu.dsa_scores(
+        t,
+        iqd.ptr(),
+        wtd.ptr(),
+        kcd.ptr(),
+        scores.ptr(),
+        nkd.ptr(),
+        btd.ptr(),
+        bo.ptr(),
+        bs,
+        hi,
+        d,
+        max_keys,
+    )
+    .unwrap();
+    let got = gpu.to_host(&scores).unwrap();
+    let (mut g, mut want) = (Vec::new(), Vec::new());
+    for i in 0..t {
+        for j in 0..n_keys[i] as usize {
+            let slot = table[j / bs] as usize * bs + j % bs;
+            let k = &kcache[slot * d..][..d];
+            let mut s = 0f32;
+            for h in 0..hi {
+                let dot: f32 = iq[(i * hi + h) * d..][..d]
+                    .iter()
+                    .zip(k)
+                    .map(|(a, b)| a * b)
+                    .sum();
+                s += wt[i * hi + h]
+                    * (hi as f32).powf(-0.5)
+                    * (dot * (d as f32).powf(-0.5)).max(0.0);
+            }
+            want.push(s);
+            g.push(got[i * max_keys + j]);
+        }
+    }
+    rep.check(
+        "dsa_scores",
+        format!("T{t} Hi{hi} D{d} keys{max_keys}"),
+        "f32",
+        rel_err(&g, &want),
+        1e-5,
+    );
+}
+
+#[test]
+fn op_table_against_cpu() {
+    let gpu = match Gpu::new(0) {
+        Ok(g) => g,
+        Err(e) => {
+            println!("SKIPPED op_table_against_cpu: {e}");
+            return;
+        }
+    };
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut rep = Report { rows: Vec::new() };
+    gemms(&gpu, &mut rng, &mut rep);
+    elementwise(&gpu, &mut rng, &mut rep);
+    attention(&gpu, &mut rng, &mut rep);
+    let failed: Vec<_> = rep.rows.iter().filter(|r| !(r.3 <= r.4)).collect();
+    if let Ok(path) = std::env::var("MLASERVE_OP_REPORT") {
+        let rows: Vec<serde_json::Value> = rep
+            .rows
+            .iter()
+            .map(|(op, shape, dtype, err, bound)| serde_json::json!({"op": op, "shape": shape, "dtype": dtype, "err": err, "bound": bound, "pass": err <= bound}))
+            .collect();
+        let doc = serde_json::json!({"gpu": gpu.name, "arch": gpu.arch, "driver": driver_version(), "rows": rows});
+        std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
+    }
+    assert!(failed.is_empty(), "ops past their bound: {failed:?}");
+}
+
+fn driver_version() -> String {
+    let mut v = 0i32;
+    // SAFETY: plain query of an initialized driver.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
+    format!("{}.{}", v / 1000, (v % 1000) / 10)
+}

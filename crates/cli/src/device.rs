@@ -2,10 +2,12 @@
 //!
 //! `cpu` (the default) is the reference [`CpuExecutor`]; `cuda` / `cuda:N` the CUDA executor
 //! on GPU N. A host without a driver gets a clear error from `--device cuda`, never a panic.
+//! `--device cpu --tp N` runs N tensor-parallel ranks on worker threads ([`TpExecutor`]);
+//! `--device cuda --tp N` (N > 1) is an error until the NCCL executor exists.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use mlaserve_model::{CpuExecutor, Executor, LoadOptions, Model};
+use mlaserve_model::{CpuExecutor, Executor, LoadOptions, Model, TpExecutor, TpOptions};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -65,11 +67,27 @@ pub fn load_executor(
     if args.tp == 0 {
         bail!("--tp must be at least 1");
     }
-    if args.tp > 1 {
-        bail!("--tp {} is not supported yet", args.tp);
+    if args.expert_parallel && args.tp == 1 {
+        tracing::warn!("--expert-parallel has no effect with --tp 1");
     }
     let t0 = std::time::Instant::now();
     let exec: Box<dyn Executor> = match args.device {
+        Device::Cpu if args.tp > 1 => {
+            let tp = TpOptions {
+                expert_parallel: args.expert_parallel,
+                ..TpOptions::new(args.tp)
+            };
+            Box::new(
+                TpExecutor::load(path, opts, tp)
+                    .with_context(|| format!("loading {} at --tp {}", path.display(), args.tp))?,
+            )
+        }
+        Device::Cuda(ordinal) if args.tp > 1 => bail!(
+            "--device cuda:{ordinal} --tp {}: multi-GPU tensor parallelism needs the NCCL \
+             executor, which is not built yet; use --tp 1 on one GPU, or --device cpu --tp {}",
+            args.tp,
+            args.tp
+        ),
         Device::Cpu => {
             let model =
                 Model::load(path, opts).with_context(|| format!("loading {}", path.display()))?;

@@ -237,3 +237,164 @@ fn generate_json_is_greedy_and_reproducible() {
     assert_eq!(a["tokens"].as_array().unwrap().len(), 6);
     assert_eq!(a, b);
 }
+
+/// The f32 values of a `.npy` written by `logits`.
+fn npy_f32(path: &std::path::Path) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap();
+    let hlen = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    bytes[10 + hlen..]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+#[test]
+fn logits_at_tp2_and_ep_equal_tp1() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str], name: &str| {
+        let out = dir.path().join(name);
+        let o = bin()
+            .args([
+                "logits",
+                "--tokens",
+                "0,5,9,13,20,31,7",
+                "--prefill-chunk",
+                "3",
+            ])
+            .args(extra)
+            .arg("--model")
+            .arg(fixture("glm_moe_dsa", "glm_moe_dsa-f32.gguf"))
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{extra:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        npy_f32(&out)
+    };
+    let one = run(&["--tp", "1"], "tp1.npy");
+    assert_eq!(one.len(), 7 * 512);
+    for extra in [&["--tp", "2"][..], &["--tp", "2", "--expert-parallel"][..]] {
+        let two = run(extra, "tp2.npy");
+        // f32 sums regrouped over ranks: within 1e-5 of each row's largest logit.
+        for (a, b) in one.chunks(512).zip(two.chunks(512)) {
+            let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            assert!(err <= 1e-5 * scale, "{extra:?}: {err:e} vs scale {scale}");
+        }
+    }
+}
+
+#[test]
+fn trace_at_tp2_prints_every_rank() {
+    let out = bin()
+        .args([
+            "--trace",
+            "L0.mla.o_proj,L1.out,logits:1",
+            "logits",
+            "--tp",
+            "2",
+            "--tokens",
+            "1,2,3",
+            "--out",
+            "/dev/null",
+            "--model",
+        ])
+        .arg(fixture("deepseek_v3", "deepseek_v3-f32.gguf"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("[trace]")).collect();
+    for rank in [0, 1] {
+        for probe in ["L0.mla.o_proj", "L1.out"] {
+            assert!(
+                lines
+                    .iter()
+                    .any(|l| l.contains(&format!("rank={rank} step=0 probe={probe} "))),
+                "no {probe} from rank {rank} in\n{err}"
+            );
+        }
+    }
+    // Logits are rank 0's alone.
+    assert_eq!(
+        lines.iter().filter(|l| l.contains("probe=logits")).count(),
+        1,
+        "{err}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("rank=0 step=0 probe=logits")),
+        "{err}"
+    );
+}
+
+#[test]
+fn tp_that_cannot_run_is_a_clear_error() {
+    let run = |args: &[&str]| {
+        let out = bin()
+            .args(["logits", "--tokens", "1,2", "--out", "/dev/null"])
+            .args(args)
+            .arg("--model")
+            .arg(fixture("deepseek_v3", "deepseek_v3-f32.gguf"))
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let err = run(&["--tp", "3"]);
+    assert!(
+        err.contains("num_heads") && err.contains("tensor-parallel size 3"),
+        "{err}"
+    );
+    let err = run(&["--tp", "2", "--device", "cuda"]);
+    assert!(err.contains("NCCL"), "{err}");
+}
+
+#[test]
+fn dump_at_tp2_writes_one_file_per_step_and_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = bin()
+        .arg("--dump")
+        .arg(dir.path())
+        .args([
+            "--dump-glob",
+            "L0.*",
+            "logits",
+            "--tp",
+            "2",
+            "--tokens",
+            "1,2,3",
+            "--prefill-chunk",
+            "2",
+            "--out",
+            "/dev/null",
+            "--model",
+        ])
+        .arg(fixture("glm_moe_dsa", "glm_moe_dsa-f32.gguf"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let mut files: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    files.sort();
+    assert_eq!(
+        files,
+        [
+            "step000000_rank0.safetensors",
+            "step000000_rank1.safetensors",
+            "step000001_rank0.safetensors",
+            "step000001_rank1.safetensors"
+        ]
+    );
+}

@@ -24,4 +24,13 @@ pub enum ModelError {
     /// A batch violates the ForwardBatch invariants or the cache's capacity.
     #[error("invalid batch: {0}")]
     Batch(String),
+    /// A collective between tensor-parallel ranks failed (names the rank and the collective).
+    #[error(transparent)]
+    Comm(#[from] crate::parallel::CommError),
+    /// A tensor-parallel rank failed; `error` is that rank's own error.
+    #[error("rank {rank}: {error}")]
+    Rank { rank: usize, error: Box<ModelError> },
+    /// A tensor-parallel rank panicked (or its thread is gone).
+    #[error("rank {rank} panicked: {msg}")]
+    RankPanicked { rank: usize, msg: String },
 }

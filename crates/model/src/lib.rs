@@ -3,7 +3,7 @@
 //! [`Model::load`] reads a GGUF file or an HF safetensors directory into a validated
 //! [`ModelConfig`] and [`weights::Weights`]; [`Model::forward`] runs one [`ForwardBatch`]
 //! against a paged [`LatentCache`] and returns logits. The CPU path is the reference every
-//! other backend is checked against.
+//! other backend is checked against. [`parallel`] splits a model over tensor-parallel ranks.
 
 pub mod config;
 pub mod doctor;
@@ -14,6 +14,7 @@ pub mod forward_batch;
 pub mod kv_cache;
 pub mod layers;
 pub mod model;
+pub mod parallel;
 pub mod probe;
 pub mod score;
 pub mod source;
@@ -26,3 +27,4 @@ pub use forward_batch::{AttentionPath, ForwardBatch, LogitsWanted, SeqInput};
 pub use kv_cache::LatentCache;
 pub use mlaserve_gguf as gguf;
 pub use model::{LoadOptions, Model};
+pub use parallel::{Shard, TpExecutor, TpOptions};

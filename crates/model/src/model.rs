@@ -3,6 +3,11 @@
 //! Invariants: the config is validated before any weight is read; `forward` checks the batch
 //! against the cache (slots in range, token ids < vocab) before touching it, so a bad batch is
 //! an error and never a panic or a silent write out of bounds.
+//!
+//! Tensor parallelism: a model loaded with `LoadOptions::shard` holds one rank's slice and runs
+//! only through [`Model::forward_sharded`], which sums the ranks' partial `[T, H]` outputs of
+//! attention (after `o_proj`) and of the FFN through the communicator before each residual
+//! add; the residual stream is then identical on every rank. Only rank 0 computes logits.
 
 use crate::config::ModelConfig;
 use crate::error::ModelError;
@@ -11,6 +16,7 @@ use crate::kv_cache::LatentCache;
 use crate::layers::ffn::{mlp_forward, moe_forward};
 use crate::layers::mla;
 use crate::layers::rope::Rope;
+use crate::parallel::{Communicator, Shard};
 use crate::probe::{self, probe, PathTag};
 use crate::source::{HfDir, Source};
 use crate::weights::{Ffn, Weights};
@@ -27,6 +33,8 @@ pub struct LoadOptions {
     /// Dequantize every weight matrix to f32 at load (exact arithmetic; no activation
     /// quantization). For checking a quantized file's layout against a dequantized reference.
     pub dequantize: bool,
+    /// Load one tensor-parallel rank's slice (None: the whole model).
+    pub shard: Option<Shard>,
 }
 
 /// A loaded model.
@@ -54,7 +62,7 @@ impl Model {
             let cfg = ModelConfig::from_gguf(&file)?;
             (cfg, Source::Gguf(Arc::new(file)))
         };
-        let weights = Weights::load(&source, &config, options.dequantize)?;
+        let weights = Weights::load_shard(&source, &config, options.dequantize, options.shard)?;
         let rope = Rope::new(
             config.qk_rope_head_dim,
             config.rope_theta,
@@ -93,6 +101,11 @@ impl Model {
 
     pub fn options(&self) -> &LoadOptions {
         &self.options
+    }
+
+    /// The tensor-parallel slice held (None: the whole model).
+    pub fn shard(&self) -> Option<Shard> {
+        self.options.shard
     }
 
     fn check(&self, batch: &ForwardBatch, cache: &LatentCache) -> Result<(), ModelError> {
@@ -148,11 +161,48 @@ impl Model {
     }
 
     /// Run one step: write the new tokens' latent rows into `cache`, attend, and return logits
-    /// [batch.logits_indices().len(), vocab_size] row-major.
+    /// [batch.logits_indices().len(), vocab_size] row-major. A model holding a slice of a
+    /// tensor-parallel group cannot run alone: that is an error (use `forward_sharded`).
     pub fn forward(
         &self,
         batch: &ForwardBatch,
         cache: &mut LatentCache,
+    ) -> Result<Vec<f32>, ModelError> {
+        if let Some(s) = self.shard().filter(|s| s.world_size > 1) {
+            return Err(ModelError::Batch(format!(
+                "this model holds rank {} of {}: run it through forward_sharded with its communicator",
+                s.rank, s.world_size
+            )));
+        }
+        self.forward_inner(batch, cache, None)
+    }
+
+    /// One rank's share of a step: like [`Model::forward`], with the partial outputs of
+    /// attention and FFN summed over the ranks of `comm`. Every rank must call it with the same
+    /// batch (and a cache holding the same rows). Rank 0 returns the logits; the other ranks
+    /// return an empty vector.
+    pub fn forward_sharded(
+        &self,
+        batch: &ForwardBatch,
+        cache: &mut LatentCache,
+        comm: &dyn Communicator,
+    ) -> Result<Vec<f32>, ModelError> {
+        let (rank, world) = self.shard().map_or((0, 1), |s| (s.rank, s.world_size));
+        if comm.rank() != rank || comm.world_size() != world {
+            return Err(ModelError::Batch(format!(
+                "model holds rank {rank} of {world}, communicator is rank {} of {}",
+                comm.rank(),
+                comm.world_size()
+            )));
+        }
+        self.forward_inner(batch, cache, Some(comm))
+    }
+
+    fn forward_inner(
+        &self,
+        batch: &ForwardBatch,
+        cache: &mut LatentCache,
+        comm: Option<&dyn Communicator>,
     ) -> Result<Vec<f32>, ModelError> {
         self.check(batch, cache)?;
         let cfg = &self.config;
@@ -169,7 +219,7 @@ impl Model {
             let mut hn = x.clone();
             rms_norm(&mut hn, hsz, &layer.attn_norm, cfg.rms_norm_eps);
             probe(Some(li), "attn_norm", PathTag::None, &[t, hsz], &hn);
-            let attn = mla::forward(
+            let mut attn = mla::forward(
                 cfg,
                 li,
                 &layer.mla,
@@ -179,12 +229,15 @@ impl Model {
                 batch,
                 cache,
             );
+            if let Some(c) = comm {
+                c.all_reduce_sum(&mut attn)?;
+            }
             for (a, b) in x.iter_mut().zip(&attn) {
                 *a += b;
             }
             let mut hn = x.clone();
             rms_norm(&mut hn, hsz, &layer.ffn_norm, cfg.rms_norm_eps);
-            let ffn = match (&layer.ffn, &cfg.moe) {
+            let mut ffn = match (&layer.ffn, &cfg.moe) {
                 (Ffn::Moe(m), Some(mc)) => moe_forward(mc, li, m, &hn, t),
                 (Ffn::Dense(m), _) => {
                     let out = mlp_forward(m, &hn, t);
@@ -195,10 +248,21 @@ impl Model {
                     unreachable!("MoE weights are only loaded with a MoE config")
                 }
             };
+            if let Some(c) = comm {
+                c.all_reduce_sum(&mut ffn)?;
+            }
             for (a, b) in x.iter_mut().zip(&ffn) {
                 *a += b;
             }
             probe(Some(li), "out", PathTag::None, &[t, hsz], &x);
+        }
+        if comm.is_some_and(|c| c.rank() != 0) {
+            // Logits are rank 0's job; the residual stream here is identical to its.
+            probe::end_step().map_err(|e| ModelError::Io {
+                path: PathBuf::from("--dump"),
+                msg: e.to_string(),
+            })?;
+            return Ok(Vec::new());
         }
         let idx = batch.logits_indices();
         let mut last: Vec<f32> = idx

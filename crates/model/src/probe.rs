@@ -5,7 +5,11 @@
 //! Invariants:
 //! - a trace line goes straight to stderr with one `write_all` (stderr is unbuffered), so it
 //!   survives a crash that follows it; every line carries the rank;
-//! - only the first N hits of each matching probe name print (N = 8 by default);
+//! - only the first N hits of each matching probe name print (N = 8 by default), counted per
+//!   rank, so every tensor-parallel rank reports;
+//! - a step's number is that of the `begin_step` on the same thread; tensor-parallel workers
+//!   number their steps themselves (`set_next_step`), so all ranks agree on it, and each rank's
+//!   `end_step` writes only its own records;
 //! - captured records keep the tensor, its shape, the attention path and the token positions;
 //! - an in-process capture (`start_capture`) belongs to the calling thread, so concurrent
 //!   captures (tests, several doctors) never see each other's records. Probes fire on the thread
@@ -25,6 +29,10 @@ static STEP: AtomicU64 = AtomicU64::new(0);
 
 thread_local! {
     static RANK: Cell<usize> = const { Cell::new(0) };
+    /// The step this thread is running (set by `begin_step`).
+    static CUR_STEP: Cell<u64> = const { Cell::new(0) };
+    /// The number the next `begin_step` on this thread takes (None: the process counter).
+    static NEXT_STEP: Cell<Option<u64>> = const { Cell::new(None) };
     static POSITIONS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
     static CAPTURE: RefCell<Option<(Vec<String>, Vec<Record>)>> = const { RefCell::new(None) };
 }
@@ -107,7 +115,8 @@ impl Stats {
 struct State {
     trace: Vec<String>,
     trace_limit: usize,
-    hits: HashMap<String, usize>,
+    /// (rank, probe name) -> lines printed.
+    hits: HashMap<(usize, String), usize>,
     capture: Vec<String>,
     records: Vec<Record>,
     dump_dir: Option<PathBuf>,
@@ -209,8 +218,18 @@ pub fn rank() -> usize {
     RANK.with(|r| r.get())
 }
 
+/// Make the next [`begin_step`] on this thread take number `step` instead of the next value of
+/// the process-wide counter (tensor-parallel workers: every rank gives a step the same number).
+pub fn set_next_step(step: u64) {
+    NEXT_STEP.with(|n| n.set(Some(step)));
+}
+
 /// Mark the start of a forward step with its token positions; returns the step number.
 pub fn begin_step(positions: &[usize]) -> u64 {
+    let step = NEXT_STEP
+        .with(Cell::take)
+        .unwrap_or_else(|| STEP.fetch_add(1, Ordering::Relaxed));
+    CUR_STEP.with(|c| c.set(step));
     if active() {
         POSITIONS.with(|p| {
             let mut p = p.borrow_mut();
@@ -218,7 +237,7 @@ pub fn begin_step(positions: &[usize]) -> u64 {
             p.extend_from_slice(positions);
         });
     }
-    STEP.fetch_add(1, Ordering::Relaxed)
+    step
 }
 
 /// Record a tensor at probe point `point` of `layer` (None for model-level probes).
@@ -235,7 +254,7 @@ fn probe_slow(layer: Option<usize>, point: &str, path: PathTag, shape: &[usize],
         Some(l) => format!("L{l}.{point}"),
         None => point.to_string(),
     };
-    let step = STEP.load(Ordering::Relaxed).saturating_sub(1);
+    let step = CUR_STEP.with(Cell::get);
     let rank = rank();
     let positions = || POSITIONS.with(|p| p.borrow().clone());
     CAPTURE.with(|c| {
@@ -259,7 +278,7 @@ fn probe_slow(layer: Option<usize>, point: &str, path: PathTag, shape: &[usize],
     let mut g = STATE.lock().unwrap_or_else(|e| e.into_inner());
     let Some(st) = g.as_mut() else { return };
     if st.trace.iter().any(|p| glob_match(p, &name)) {
-        let hits = st.hits.entry(name.clone()).or_insert(0);
+        let hits = st.hits.entry((rank, name.clone())).or_insert(0);
         if *hits < st.trace_limit {
             *hits += 1;
             let s = Stats::of(data);
@@ -288,8 +307,8 @@ fn probe_slow(layer: Option<usize>, point: &str, path: PathTag, shape: &[usize],
     }
 }
 
-/// At the end of a step: write captured records to the dump dir (one safetensors file per step
-/// and rank), if dumping is configured.
+/// At the end of a step: write this thread's rank's captured records to the dump dir (one
+/// safetensors file per step and rank), if dumping is configured.
 pub fn end_step() -> std::io::Result<()> {
     if !ACTIVE.load(Ordering::Relaxed) {
         return Ok(());
@@ -302,7 +321,14 @@ pub fn end_step() -> std::io::Result<()> {
     if st.records.is_empty() {
         return Ok(());
     }
-    let records = std::mem::take(&mut st.records);
+    let rank = rank();
+    let (records, others): (Vec<Record>, Vec<Record>) = std::mem::take(&mut st.records)
+        .into_iter()
+        .partition(|r| r.rank == rank);
+    st.records = others;
     drop(g);
+    if records.is_empty() {
+        return Ok(());
+    }
     crate::dump::write_step(&dir, &records)
 }

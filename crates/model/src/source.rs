@@ -247,6 +247,28 @@ impl Source {
         Ok(m.to_f32())
     }
 
+    /// Rows `rows` of a tensor of exactly `shape`, viewed as `[prod(shape[..-1]), shape[-1]]`,
+    /// dequantized to f32 (only those rows are read).
+    pub fn f32_rows(
+        &self,
+        name: &str,
+        shape: &[usize],
+        rows: std::ops::Range<usize>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let (ty, got, bytes) = self.raw(name)?;
+        if got != shape {
+            return Err(self.tensor_err(name, format!("shape {got:?}, expected {shape:?}")));
+        }
+        let cols = *shape.last().unwrap_or(&1);
+        let total = shape.iter().product::<usize>() / cols.max(1);
+        if rows.end > total || rows.start > rows.end {
+            return Err(self.tensor_err(name, format!("rows {rows:?} of {total}")));
+        }
+        let m = QMatrix::new(ty, total, cols, bytes)
+            .map_err(|e| self.tensor_err(name, e.to_string()))?;
+        Ok(m.rows_slice(rows.start, rows.len()).to_f32())
+    }
+
     /// Expert `e`'s projection of layer `layer`: [rows, cols] (gate/up [F, H], down [H, F]).
     pub fn expert(
         &self,

@@ -9,11 +9,20 @@
 //! - `w_uv`  [N*V, L]: v_h = w_uv_h · kv_c, out_h = w_uv_h · o_lat ("W_UV", both paths)
 //!
 //! MTP/nextn layers (index >= num_layers) are never read.
+//!
+//! Sharded (`Shard`, see `parallel::shard` for the split): a rank holds only its heads' rows of
+//! `q_b`, `w_uk`, `w_uk_t`, `w_uv` and columns of `o_proj` (`MlaWeights::num_heads` is the
+//! rank's head count), its intermediate slice of the dense MLP, of the shared experts and (TP)
+//! of every routed expert, or (EP) whole experts `first_expert..first_expert+experts.len()`.
+//! Everything else is whole. Slices are taken before any dequantization, so a rank reads only
+//! its slice of each sharded tensor.
 
 use crate::config::{Gating, ModelConfig};
 use crate::error::ModelError;
+use crate::parallel::shard::{cols_slice, Shard};
 use crate::source::{ExpertProj, Source};
 use mlaserve_backend::QMatrix;
+use std::ops::Range;
 
 /// SwiGLU feed-forward: down(silu(gate x) * up x).
 pub struct Mlp {
@@ -31,7 +40,11 @@ pub struct Moe {
     pub router: QMatrix,
     /// [E] selection-only correction bias.
     pub correction_bias: Option<Vec<f32>>,
+    /// The routed experts this rank holds: `experts[i]` is expert `first_expert + i` (all E
+    /// unless expert-parallel; under tensor parallelism each is an intermediate slice).
     pub experts: Vec<Mlp>,
+    /// Index of `experts[0]` among the E routed experts.
+    pub first_expert: usize,
     pub shared: Option<Mlp>,
 }
 
@@ -61,6 +74,9 @@ pub struct MlaWeights {
     pub w_uv: QMatrix,
     /// [H, N*V]
     pub o_proj: QMatrix,
+    /// Heads held here (N unsharded; N / world_size on a tensor-parallel rank): the N in the
+    /// shapes above.
+    pub num_heads: usize,
 }
 
 /// GLM-5 DSA lightning indexer of one layer.
@@ -94,9 +110,12 @@ pub struct Weights {
     pub output_norm: Vec<f32>,
     /// [vocab, H]
     pub lm_head: QMatrix,
+    /// The slice a tensor-parallel rank holds (None: the whole model).
+    pub shard: Option<Shard>,
 }
 
-/// Reads tensors from a [`Source`], optionally dequantizing every matrix to f32.
+/// Reads tensors from a [`Source`], optionally dequantizing every matrix to f32. Slices are
+/// cut before dequantizing.
 struct Loader<'a> {
     src: &'a Source,
     dequantize: bool,
@@ -113,16 +132,54 @@ impl Loader<'_> {
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<QMatrix, ModelError> {
         Ok(self.fix(self.src.matrix(name, rows, cols)?))
     }
+    /// Rows `part` of a [rows, cols] matrix.
+    fn matrix_rows(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        part: Range<usize>,
+    ) -> Result<QMatrix, ModelError> {
+        let m = self.src.matrix(name, rows, cols)?;
+        Ok(self.fix(m.rows_slice(part.start, part.len())))
+    }
+    /// Columns `part` of a [rows, cols] matrix.
+    fn matrix_cols(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        part: Range<usize>,
+    ) -> Result<QMatrix, ModelError> {
+        let m = self.src.matrix(name, rows, cols)?;
+        Ok(self.fix(cols_slice(&m, part, name)))
+    }
+    /// Expert `e` of layer `layer`, restricted to intermediate slice `part` (gate/up rows,
+    /// down columns).
     fn expert(
         &self,
         layer: usize,
-        proj: ExpertProj,
         e: usize,
-        n: usize,
-        rows: usize,
-        cols: usize,
-    ) -> Result<QMatrix, ModelError> {
-        Ok(self.fix(self.src.expert(layer, proj, e, n, rows, cols)?))
+        num_experts: usize,
+        h: usize,
+        f: usize,
+        part: Range<usize>,
+    ) -> Result<Mlp, ModelError> {
+        let gate = self
+            .src
+            .expert(layer, ExpertProj::Gate, e, num_experts, f, h)?;
+        let up = self
+            .src
+            .expert(layer, ExpertProj::Up, e, num_experts, f, h)?;
+        let down = self
+            .src
+            .expert(layer, ExpertProj::Down, e, num_experts, h, f)?;
+        let name = format!("blk.{layer}.ffn_down_exps.weight[{e}]");
+        Ok(Mlp {
+            gate: self.fix(gate.rows_slice(part.start, part.len())),
+            up: self.fix(up.rows_slice(part.start, part.len())),
+            down: self.fix(cols_slice(&down, part, &name)),
+        })
     }
     fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
         self.src.f32(name, shape)
@@ -135,32 +192,58 @@ impl Loader<'_> {
     }
 }
 
-fn mlp(src: &Loader, prefix: &str, suffix: &str, h: usize, f: usize) -> Result<Mlp, ModelError> {
+/// SwiGLU of `{prefix}.ffn_{gate,up,down}{suffix}` with intermediate size `f`, restricted to
+/// intermediate slice `part`.
+fn mlp(
+    src: &Loader,
+    prefix: &str,
+    suffix: &str,
+    h: usize,
+    f: usize,
+    part: Range<usize>,
+) -> Result<Mlp, ModelError> {
     Ok(Mlp {
-        gate: src.matrix(&format!("{prefix}.ffn_gate{suffix}.weight"), f, h)?,
-        up: src.matrix(&format!("{prefix}.ffn_up{suffix}.weight"), f, h)?,
-        down: src.matrix(&format!("{prefix}.ffn_down{suffix}.weight"), h, f)?,
+        gate: src.matrix_rows(
+            &format!("{prefix}.ffn_gate{suffix}.weight"),
+            f,
+            h,
+            part.clone(),
+        )?,
+        up: src.matrix_rows(
+            &format!("{prefix}.ffn_up{suffix}.weight"),
+            f,
+            h,
+            part.clone(),
+        )?,
+        down: src.matrix_cols(&format!("{prefix}.ffn_down{suffix}.weight"), h, f, part)?,
     })
 }
 
-/// Per-head absorbed matrices from either kv_b layout.
+/// Per-head absorbed matrices of heads `heads` from either kv_b layout (only their rows are
+/// read).
 fn kv_b(
     src: &Loader,
     cfg: &ModelConfig,
     i: usize,
+    heads: Range<usize>,
 ) -> Result<(QMatrix, QMatrix, QMatrix), ModelError> {
-    let (n, p, v, l) = (
+    let (n_all, p, v, l) = (
         cfg.num_heads,
         cfg.qk_nope_head_dim,
         cfg.v_head_dim,
         cfg.kv_lora_rank,
     );
+    let (h0, n) = (heads.start, heads.len());
     let mut w_uk = vec![0f32; n * p * l];
     let mut w_uv = vec![0f32; n * v * l];
     let legacy = format!("blk.{i}.attn_kv_b.weight");
     if src.has(&legacy) {
         // [N*(P+V), L], per head [K_nope (P rows) | V (V rows)].
-        let kvb = src.f32(&legacy, &[n * (p + v), l])?;
+        let kvb = src.src.f32_rows(
+            &legacy,
+            &[n_all * (p + v), l],
+            h0 * (p + v)..(h0 + n) * (p + v),
+        )?;
         for h in 0..n {
             let base = h * (p + v) * l;
             w_uk[h * p * l..(h + 1) * p * l].copy_from_slice(&kvb[base..base + p * l]);
@@ -169,7 +252,11 @@ fn kv_b(
         }
     } else {
         // attn_k_b [N, L, P]: k_b[h, l, p] = W_UK_h[p, l]. attn_v_b [N, V, L] = W_UV_h.
-        let kb = src.f32(&format!("blk.{i}.attn_k_b.weight"), &[n, l, p])?;
+        let kb = src.src.f32_rows(
+            &format!("blk.{i}.attn_k_b.weight"),
+            &[n_all, l, p],
+            h0 * l..(h0 + n) * l,
+        )?;
         for h in 0..n {
             for li in 0..l {
                 for pi in 0..p {
@@ -177,7 +264,11 @@ fn kv_b(
                 }
             }
         }
-        w_uv = src.f32(&format!("blk.{i}.attn_v_b.weight"), &[n, v, l])?;
+        w_uv = src.src.f32_rows(
+            &format!("blk.{i}.attn_v_b.weight"),
+            &[n_all, v, l],
+            h0 * v..(h0 + n) * v,
+        )?;
     }
     let mut w_uk_t = vec![0f32; n * l * p];
     for h in 0..n {
@@ -206,11 +297,32 @@ impl Weights {
     /// is converted to f32 (activations then stay f32 too: the exact-arithmetic reading of a
     /// quantized file, used to separate quantization error from logic errors).
     pub fn load(src: &Source, cfg: &ModelConfig, dequantize: bool) -> Result<Self, ModelError> {
+        Self::load_shard(src, cfg, dequantize, None)
+    }
+
+    /// [`Weights::load`] of one tensor-parallel rank's slice (`None`: the whole model). A head
+    /// count, intermediate size or (EP) expert count that does not divide by the world size is
+    /// an error naming it.
+    pub fn load_shard(
+        src: &Source,
+        cfg: &ModelConfig,
+        dequantize: bool,
+        shard: Option<Shard>,
+    ) -> Result<Self, ModelError> {
         let src = &Loader { src, dequantize };
+        let source_name = src.name();
+        let part = |total: usize, what: &str| -> Result<Range<usize>, ModelError> {
+            match &shard {
+                Some(s) => s.range(total, what, &source_name),
+                None => Ok(0..total),
+            }
+        };
         let h = cfg.hidden_size;
         let (n, r, v) = (cfg.num_heads, cfg.qk_rope_head_dim, cfg.v_head_dim);
         let qk = cfg.qk_head_dim();
         let l = cfg.kv_lora_rank;
+        let heads = part(n, "num_heads (attention heads)")?;
+        let nl = heads.len();
         let embed = src.matrix("token_embd.weight", cfg.vocab_size, h)?;
         let lm_head = if src.has("output.weight") {
             src.matrix("output.weight", cfg.vocab_size, h)?
@@ -221,19 +333,20 @@ impl Weights {
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for i in 0..cfg.num_layers {
             let b = format!("blk.{i}");
+            let q_rows = heads.start * qk..heads.end * qk;
             let (q_a, q_a_norm, q_b) = match cfg.q_lora_rank {
                 Some(lq) => (
                     Some(src.matrix(&format!("{b}.attn_q_a.weight"), lq, h)?),
                     Some(src.f32(&format!("{b}.attn_q_a_norm.weight"), &[lq])?),
-                    src.matrix(&format!("{b}.attn_q_b.weight"), n * qk, lq)?,
+                    src.matrix_rows(&format!("{b}.attn_q_b.weight"), n * qk, lq, q_rows)?,
                 ),
                 None => (
                     None,
                     None,
-                    src.matrix(&format!("{b}.attn_q.weight"), n * qk, h)?,
+                    src.matrix_rows(&format!("{b}.attn_q.weight"), n * qk, h, q_rows)?,
                 ),
             };
-            let (w_uk, w_uk_t, w_uv) = kv_b(src, cfg, i)?;
+            let (w_uk, w_uk_t, w_uv) = kv_b(src, cfg, i, heads.clone())?;
             let mla = MlaWeights {
                 q_a,
                 q_a_norm,
@@ -243,7 +356,13 @@ impl Weights {
                 w_uk,
                 w_uk_t,
                 w_uv,
-                o_proj: src.matrix(&format!("{b}.attn_output.weight"), h, n * v)?,
+                o_proj: src.matrix_cols(
+                    &format!("{b}.attn_output.weight"),
+                    h,
+                    n * v,
+                    heads.start * v..heads.end * v,
+                )?,
+                num_heads: nl,
             };
             let indexer = match (&cfg.indexer, cfg.q_lora_rank) {
                 (Some(ix), Some(lq)) => Some(IndexerWeights {
@@ -284,16 +403,23 @@ impl Weights {
                             msg: "sigmoid (noaux_tc) routing needs the correction bias".into(),
                         });
                     }
-                    let mut experts = Vec::with_capacity(e);
-                    for x in 0..e {
-                        experts.push(Mlp {
-                            gate: src.expert(i, ExpertProj::Gate, x, e, f, h)?,
-                            up: src.expert(i, ExpertProj::Up, x, e, f, h)?,
-                            down: src.expert(i, ExpertProj::Down, x, e, h, f)?,
-                        });
-                    }
+                    let ep = shard.is_some_and(|s| s.expert_parallel);
+                    let (mine, slice) = if ep {
+                        (
+                            part(e, "num_experts (routed experts, expert-parallel)")?,
+                            0..f,
+                        )
+                    } else {
+                        (0..e, part(f, "moe_intermediate_size (routed experts)")?)
+                    };
+                    let first_expert = mine.start;
+                    let experts = mine
+                        .map(|x| src.expert(i, x, e, h, f, slice.clone()))
+                        .collect::<Result<Vec<_>, _>>()?;
                     let shared = if m.num_shared_experts > 0 {
-                        Some(mlp(src, &b, "_shexp", h, f * m.num_shared_experts)?)
+                        let fs = f * m.num_shared_experts;
+                        let sp = part(fs, "shared experts' intermediate size")?;
+                        Some(mlp(src, &b, "_shexp", h, fs, sp)?)
                     } else {
                         None
                     };
@@ -301,10 +427,15 @@ impl Weights {
                         router,
                         correction_bias,
                         experts,
+                        first_expert,
                         shared,
                     })
                 }
-                _ => Ffn::Dense(mlp(src, &b, "", h, cfg.intermediate_size)?),
+                _ => {
+                    let fd = cfg.intermediate_size;
+                    let dp = part(fd, "intermediate_size (dense MLP)")?;
+                    Ffn::Dense(mlp(src, &b, "", h, fd, dp)?)
+                }
             };
             layers.push(Layer {
                 attn_norm: src.f32(&format!("{b}.attn_norm.weight"), &[h])?,
@@ -319,6 +450,7 @@ impl Weights {
             layers,
             output_norm,
             lm_head,
+            shard,
         })
     }
 }

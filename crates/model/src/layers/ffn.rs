@@ -9,6 +9,10 @@
 //!
 //! Then `norm_topk_prob` renormalizes (sum + 1e-20) and every weight is multiplied by
 //! `routed_scaling_factor`; shared experts are added unscaled. Ties go to the lower index.
+//!
+//! On a tensor-parallel rank the weights are slices (see `parallel::shard`): every rank routes
+//! every token the same way, computes its slice (or, expert-parallel, its experts) and returns
+//! a partial `[T, H]`; the caller sums the ranks' partials.
 
 use crate::config::{Gating, MoeConfig};
 use crate::probe::{probe, PathTag};
@@ -116,15 +120,17 @@ pub fn moe_forward(cfg: &MoeConfig, layer: usize, m: &Moe, x: &[f32], t: usize) 
         &topk_flat,
     );
     let mut out = vec![0f32; t * h];
+    // Only the experts held here (all of them unless expert-parallel).
+    let mine = m.first_expert..m.first_expert + m.experts.len();
     for (ei, toks) in assign.iter().enumerate() {
-        if toks.is_empty() {
+        if toks.is_empty() || !mine.contains(&ei) {
             continue;
         }
         let xe: Vec<f32> = toks
             .iter()
             .flat_map(|&(ti, _)| x[ti * h..(ti + 1) * h].iter().copied())
             .collect();
-        let ye = mlp_forward(&m.experts[ei], &xe, toks.len());
+        let ye = mlp_forward(&m.experts[ei - m.first_expert], &xe, toks.len());
         for (k, &(ti, wi)) in toks.iter().enumerate() {
             for (o, &y) in out[ti * h..(ti + 1) * h]
                 .iter_mut()

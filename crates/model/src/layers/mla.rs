@@ -1,12 +1,17 @@
 //! Multi-head Latent Attention: projections, RoPE, the latent-cache write, and three ways to attend.
 //!
 //! Shapes (per rank): T new tokens, N heads, P nope, R rope, V value, L kv_lora_rank.
+//! On a tensor-parallel rank N is the rank's share of the heads (`MlaWeights::num_heads`): the
+//! latent rows, the cache write and the DSA selection are computed whole on every rank, and
+//! the returned `[T, H]` is the rank's partial `o_proj` sum over its heads.
+//!
 //! 1. Unabsorbed ("MHA", prefill without cached context): `k_nope, v = kv_b(kv_c)` for every
 //!    key; causal attention with q = [q_nope | q_pe], k = [k_nope | k_pe] (P+R wide).
 //! 2. Absorbed ("MQA", decode): `q_lat = W_UK_h · q_nope` (P -> L); scores over the 576-wide
 //!    cache rows `[kv_c | k_pe]`; `o_lat = sum p * kv_c`; `out = W_UV_h · o_lat` (L -> V).
 //! 3. Context ("chunked prefill"): new tokens attend causally to themselves (unabsorbed) and
 //!    non-causally to the cached context (decompressed from the cache), merged by LSE.
+//!
 //! All three use `ModelConfig::softmax_scale()` = (P+R)^-0.5 · mscale². The cache write happens
 //! before attention, so a token always sees its own row (a 1-token prompt is valid on any path).
 //! With a DSA indexer, each query attends only to its selected keys (all of them while the
@@ -30,7 +35,8 @@ fn slot(batch: &ForwardBatch, s: usize, pos: usize) -> usize {
     batch.seqs[s].block_table[pos / bs] as usize * bs + pos % bs
 }
 
-/// One MLA layer over the batch: returns [T, H] (after o_proj).
+/// One MLA layer over the batch: returns [T, H] (after o_proj; a partial sum over this rank's
+/// heads when sharded).
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     cfg: &ModelConfig,
@@ -43,8 +49,9 @@ pub fn forward(
     cache: &mut LatentCache,
 ) -> Vec<f32> {
     let t = batch.num_tokens();
+    // Heads held here: all N, or this tensor-parallel rank's share.
     let (n, p, r, v, l) = (
-        cfg.num_heads,
+        w.num_heads,
         cfg.qk_nope_head_dim,
         cfg.qk_rope_head_dim,
         cfg.v_head_dim,

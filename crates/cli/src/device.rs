@@ -3,7 +3,7 @@
 //! `cpu` (the default) is the reference [`CpuExecutor`]; `cuda` / `cuda:N` the CUDA executor
 //! on GPU N. A host without a driver gets a clear error from `--device cuda`, never a panic.
 //! `--device cpu --tp N` runs N tensor-parallel ranks on worker threads ([`TpExecutor`]);
-//! `--device cuda --tp N` (N > 1) is an error until the NCCL executor exists.
+//! `--device cuda:K --tp N` runs ranks on GPUs K..K+N with NCCL (`CudaTpExecutor`).
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -82,11 +82,23 @@ pub fn load_executor(
                     .with_context(|| format!("loading {} at --tp {}", path.display(), args.tp))?,
             )
         }
-        Device::Cuda(ordinal) if args.tp > 1 => bail!(
-            "--device cuda:{ordinal} --tp {}: multi-GPU tensor parallelism needs the NCCL \
-             executor, which is not built yet; use --tp 1 on one GPU, or --device cpu --tp {}",
-            args.tp,
-            args.tp
+        Device::Cuda(ordinal) if args.tp > 1 => Box::new(
+            mlaserve_cuda::CudaTpExecutor::load(
+                path,
+                opts,
+                ordinal,
+                args.tp,
+                args.expert_parallel,
+                std::time::Duration::from_secs(60),
+            )
+            .with_context(|| {
+                format!(
+                    "putting {} on cuda:{ordinal}..cuda:{} (--tp {})",
+                    path.display(),
+                    ordinal + args.tp - 1,
+                    args.tp
+                )
+            })?,
         ),
         Device::Cpu => {
             let model =

@@ -124,3 +124,9 @@ extern "C" __global__ void gather_latent(const bf16* cache, const i64* slots, in
         else kpe[(i64)blockIdx.x * (w - l) + (i - l)] = bf2f(row[i]);
     }
 }
+
+// x[i] += y[i], n elements (the residual add of an all-reduced partial).  grid-stride.
+extern "C" __global__ void add_f32(float* x, const float* y, i64 n) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
+        x[i] += y[i];
+}

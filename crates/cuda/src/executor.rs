@@ -21,6 +21,7 @@
 
 use crate::error::{CudaError, Result};
 use crate::gpu::{DBuf, Gpu};
+use crate::nccl::NcclComm;
 use crate::ops::{AttnDims, Gemm, GemmType, KeyLists};
 use crate::weights::{GFfn, GLayer, GMat, GMlp, GMoe, GWeights};
 use mlaserve_model::layers::{dsa::top_k, ffn::route, rope::Rope};
@@ -50,6 +51,8 @@ pub struct CudaExecutor {
     w: GWeights,
     rope: Rope,
     cache: Option<GpuCache>,
+    /// Tensor parallel: this rank's communicator (the model holds the rank's shard).
+    comm: Option<NcclComm>,
 }
 
 fn gemm_bf16(gpu: &Gpu, m: usize, x: u64, w: &GMat, out: u64, acc: bool) -> Result<()> {
@@ -71,7 +74,12 @@ impl CudaExecutor {
     /// Puts `model` on GPU `ordinal`: opens the device, compiles the kernels, uploads the
     /// weights in bf16. A host without a driver gets `CudaError::Unavailable`.
     pub fn new(model: Arc<Model>, ordinal: usize) -> Result<Self> {
-        let gpu = Gpu::new(ordinal)?;
+        Self::on(model, Gpu::new(ordinal)?, None)
+    }
+
+    /// `model` (whole, or one rank's shard with its `comm`) on an opened `gpu`.
+    pub fn on(model: Arc<Model>, gpu: Gpu, comm: Option<NcclComm>) -> Result<Self> {
+        let ordinal = gpu.ordinal;
         let t0 = std::time::Instant::now();
         let w = GWeights::upload(&gpu, model.weights())?;
         gpu.sync()?;
@@ -90,7 +98,37 @@ impl CudaExecutor {
             w,
             rope,
             cache: None,
+            comm,
         })
+    }
+
+    /// Where a sublayer's [T, H] output goes: straight into the residual x, or (tensor
+    /// parallel) a zeroed partial that [`Self::finish_partial`] sums over the ranks and adds.
+    fn partial(&self, x: &DBuf<f32>) -> Result<Option<DBuf<f32>>> {
+        match &self.comm {
+            Some(_) => Ok(Some(self.gpu.alloc_filled::<f32>(x.len(), 0)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn finish_partial(&self, x: &DBuf<f32>, part: Option<DBuf<f32>>) -> Result<()> {
+        if let (Some(p), Some(c)) = (part, &self.comm) {
+            c.all_reduce_sum(&self.gpu, p.ptr(), p.len())?;
+            self.gpu.add(x.ptr(), p.ptr(), x.len())?;
+        }
+        Ok(())
+    }
+
+    /// Leaves the tensor-parallel group at once (after this rank failed).
+    pub fn abort_comm(&mut self) {
+        if let Some(c) = self.comm.take() {
+            c.abort();
+        }
+    }
+
+    /// Tensor-parallel rank of this executor (0 when alone).
+    pub fn rank(&self) -> usize {
+        self.comm.as_ref().map_or(0, |c| c.rank)
     }
 
     pub fn gpu(&self) -> &Gpu {
@@ -195,7 +233,10 @@ impl CudaExecutor {
                 h,
                 cfg.rms_norm_eps,
             )?;
-            self.attention(li, layer, batch, &inp, cache, &hnb, &x)?;
+            let part = self.partial(&x)?;
+            let target = part.as_ref().map_or(x.ptr(), |p| p.ptr());
+            self.attention(li, layer, batch, &inp, cache, &hnb, target)?;
+            self.finish_partial(&x, part)?;
             gpu.rms_norm(
                 t,
                 x.ptr(),
@@ -209,13 +250,16 @@ impl CudaExecutor {
                 h,
                 cfg.rms_norm_eps,
             )?;
+            let part = self.partial(&x)?;
+            let target = part.as_ref().map_or(x.ptr(), |p| p.ptr());
             match &layer.ffn {
-                GFfn::Dense(m) => self.mlp(m, t, hnb.ptr(), x.ptr())?,
-                GFfn::Moe(m) => self.moe(m, t, &hn, &hnb, &x)?,
+                GFfn::Dense(m) => self.mlp(m, t, hnb.ptr(), target)?,
+                GFfn::Moe(m) => self.moe(m, t, &hn, &hnb, target)?,
             }
+            self.finish_partial(&x, part)?;
         }
         let idx: Vec<i32> = batch.logits_indices().iter().map(|&i| i as i32).collect();
-        if idx.is_empty() {
+        if idx.is_empty() || self.rank() != 0 {
             gpu.sync()?;
             return Ok(Vec::new());
         }
@@ -256,14 +300,8 @@ impl CudaExecutor {
         gemm_bf16(gpu, rows, act.ptr(), &m.down, out, true)
     }
 
-    fn moe(
-        &self,
-        m: &GMoe,
-        t: usize,
-        hn: &DBuf<f32>,
-        hnb: &DBuf<u16>,
-        x: &DBuf<f32>,
-    ) -> Result<()> {
+    /// Routed + shared experts of hnb [T, H], accumulated into `out` [T, H].
+    fn moe(&self, m: &GMoe, t: usize, hn: &DBuf<f32>, hnb: &DBuf<u16>, out: u64) -> Result<()> {
         let gpu = &self.gpu;
         let cfg = self.model.config();
         let mc = cfg
@@ -299,8 +337,9 @@ impl CudaExecutor {
         let mut gather = Vec::with_capacity(t * k);
         let mut row_of = vec![-1i32; t * k];
         let mut ranges = Vec::new();
+        let held = m.first_expert..m.first_expert + m.experts.len();
         for (ei, list) in by_expert.iter().enumerate() {
-            if list.is_empty() {
+            if list.is_empty() || !held.contains(&ei) {
                 continue;
             }
             let r0 = gather.len();
@@ -317,21 +356,21 @@ impl CudaExecutor {
         gpu.gather_rows(hnb.ptr(), gather_d.ptr(), rows, xe.ptr(), h)?;
         let gu = gpu.alloc::<f32>(rows * 2 * f)?;
         for &(ei, r0, r1) in &ranges {
-            let g = &m.experts[ei].gate_up;
+            let g = &m.experts[ei - m.first_expert].gate_up;
             gemm_bf16(gpu, r1 - r0, xe.at(r0 * h), g, gu.at(r0 * 2 * f), false)?;
         }
         let act = gpu.alloc::<u16>(rows * f)?;
         gpu.silu_mul(gu.ptr(), act.ptr(), f, rows)?;
         let ye = gpu.alloc::<f32>(rows * h)?;
         for &(ei, r0, r1) in &ranges {
-            let d = &m.experts[ei].down;
+            let d = &m.experts[ei - m.first_expert].down;
             gemm_bf16(gpu, r1 - r0, act.at(r0 * f), d, ye.at(r0 * h), false)?;
         }
         let row_d = gpu.upload(&row_of)?;
         let w_d = gpu.upload(&weights)?;
-        gpu.moe_combine(t, x.ptr(), ye.ptr(), row_d.ptr(), w_d.ptr(), k, h)?;
+        gpu.moe_combine(t, out, ye.ptr(), row_d.ptr(), w_d.ptr(), k, h)?;
         if let Some(sh) = &m.shared {
-            self.mlp(sh, t, hnb.ptr(), x.ptr())?;
+            self.mlp(sh, t, hnb.ptr(), out)?;
         }
         Ok(())
     }
@@ -345,14 +384,14 @@ impl CudaExecutor {
         inp: &StepInputs,
         cache: &GpuCache,
         hnb: &DBuf<u16>,
-        x: &DBuf<f32>,
+        out: u64,
     ) -> Result<()> {
         let gpu = &self.gpu;
         let cfg = self.model.config();
         let w = &layer.mla;
         let t = batch.num_tokens();
         let (n, p, r, v, l) = (
-            cfg.num_heads,
+            w.num_heads,
             cfg.qk_nope_head_dim,
             cfg.qk_rope_head_dim,
             cfg.v_head_dim,
@@ -573,7 +612,7 @@ impl CudaExecutor {
         }
         let ob = gpu.alloc::<u16>(t * n * v)?;
         gpu.to_bf16(attn_out.ptr(), ob.ptr(), t * n * v)?;
-        gemm_bf16(gpu, t, ob.ptr(), &w.o_proj, x.ptr(), true)
+        gemm_bf16(gpu, t, ob.ptr(), &w.o_proj, out, true)
     }
 
     /// GLM-5 DSA: cache this step's index keys; per token with position >= index_topk, the
@@ -705,6 +744,12 @@ impl Executor for CudaExecutor {
     }
 
     fn device(&self) -> String {
-        format!("cuda:{} ({})", self.gpu.ordinal, self.gpu.name)
+        match &self.comm {
+            Some(c) => format!(
+                "cuda:{} ({}) rank {} of {}",
+                self.gpu.ordinal, self.gpu.name, c.rank, c.world_size
+            ),
+            None => format!("cuda:{} ({})", self.gpu.ordinal, self.gpu.name),
+        }
     }
 }

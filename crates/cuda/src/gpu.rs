@@ -94,6 +94,9 @@ pub struct Gpu {
     pub name: String,
     pub ordinal: usize,
     pub arch: &'static str,
+    /// With a communicator, host waits poll the stream with this deadline instead of
+    /// blocking (a stuck collective becomes an error, not a hang).
+    sync_timeout: Option<std::time::Duration>,
 }
 
 // SAFETY: the cuBLAS handle is used only through &self methods that run on the one stream;
@@ -158,7 +161,13 @@ impl Gpu {
             name,
             ordinal,
             arch,
+            sync_timeout: None,
         })
+    }
+
+    /// Host waits give up after `t` (tensor-parallel ranks).
+    pub fn set_sync_timeout(&mut self, t: std::time::Duration) {
+        self.sync_timeout = Some(t);
     }
 
     pub fn blas(&self) -> blas_sys::cublasHandle_t {
@@ -238,9 +247,29 @@ impl Gpu {
     }
 
     pub fn sync(&self) -> Result<()> {
-        self.stream
-            .synchronize()
-            .map_err(|e| CudaError::driver("stream synchronize (a kernel failed?)", e))
+        let Some(timeout) = self.sync_timeout else {
+            return self
+                .stream
+                .synchronize()
+                .map_err(|e| CudaError::driver("stream synchronize (a kernel failed?)", e));
+        };
+        use cudarc::driver::sys::CUresult;
+        let t0 = std::time::Instant::now();
+        loop {
+            // SAFETY: querying this context's live stream.
+            match unsafe { cudarc::driver::sys::cuStreamQuery(self.stream.cu_stream()) } {
+                CUresult::CUDA_SUCCESS => return Ok(()),
+                CUresult::CUDA_ERROR_NOT_READY => {}
+                e => return Err(CudaError::driver("stream query (a kernel failed?)", e)),
+            }
+            if t0.elapsed() > timeout {
+                return Err(CudaError::Invalid(format!(
+                    "cuda:{}: the stream did not finish within {timeout:?} (a collective waits for a peer rank that is stuck or gone)",
+                    self.ordinal
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
     }
 
     pub fn func(&self, name: &str) -> Result<&CudaFunction> {

@@ -16,6 +16,7 @@ pub const SOURCE: &str = concat!(
 
 /// Kernel names exported by [`SOURCE`] (each is loaded at start, so a missing one fails early).
 pub const NAMES: &[&str] = &[
+    "add_f32",
     "embed_bf16",
     "f32_to_bf16",
     "rms_norm",

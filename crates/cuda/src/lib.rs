@@ -13,9 +13,12 @@ pub mod error;
 pub mod executor;
 pub mod gpu;
 pub mod kernels;
+pub mod nccl;
 pub mod ops;
+pub mod tp;
 pub mod weights;
 
 pub use error::CudaError;
 pub use executor::CudaExecutor;
 pub use gpu::{check_libraries, DBuf, Gpu};
+pub use tp::CudaTpExecutor;

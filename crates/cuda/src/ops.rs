@@ -167,6 +167,12 @@ impl Gpu {
         )
     }
 
+    /// x[i] += y[i] for n f32 elements.
+    pub fn add(&self, x: u64, y: u64, n: usize) -> Result<()> {
+        let n64 = n as i64;
+        self.launch("add_f32", Gpu::cfg(stride_grid(n), 256), &args![x, y, n64])
+    }
+
     /// y[i] = bf16(x[i]) for n elements.
     pub fn to_bf16(&self, x: u64, y: u64, n: usize) -> Result<()> {
         let n64 = n as i64;

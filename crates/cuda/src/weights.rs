@@ -59,6 +59,8 @@ pub struct GMoe {
     /// [E, H] f32 (router logits are computed in f32 like the CPU path).
     pub router: DBuf<f32>,
     pub num_experts: usize,
+    /// `experts[i]` is routed expert `first_expert + i` (all of them unless expert-parallel).
+    pub first_expert: usize,
     /// Selection-only bias, applied on the host where routing runs.
     pub correction_bias: Option<Vec<f32>>,
     pub experts: Vec<GMlp>,
@@ -71,6 +73,8 @@ pub enum GFfn {
 }
 
 pub struct GMla {
+    /// Heads held: all, or this tensor-parallel rank's share.
+    pub num_heads: usize,
     pub q_a: Option<GMat>,
     pub q_a_norm: Option<DBuf<f32>>,
     pub q_b: GMat,
@@ -110,6 +114,7 @@ pub struct GWeights {
 
 fn mla(gpu: &Gpu, w: &MlaWeights) -> Result<GMla> {
     Ok(GMla {
+        num_heads: w.num_heads,
         q_a: w.q_a.as_ref().map(|m| mat(gpu, m)).transpose()?,
         q_a_norm: w.q_a_norm.as_ref().map(|v| vec32(gpu, v)).transpose()?,
         q_b: mat(gpu, &w.q_b)?,
@@ -136,6 +141,7 @@ fn moe(gpu: &Gpu, m: &Moe) -> Result<GMoe> {
     Ok(GMoe {
         router: gpu.upload(&m.router.to_f32())?,
         num_experts: m.router.rows,
+        first_expert: m.first_expert,
         correction_bias: m.correction_bias.clone(),
         experts: m
             .experts

@@ -83,6 +83,9 @@ enum Command {
         n_gen: usize,
         #[arg(short = 'r', long, default_value_t = 5)]
         reps: usize,
+        /// Decode batch sizes for tg (comma-separated): B sequences decode together.
+        #[arg(short = 'b', long, value_delimiter = ',', default_value = "1")]
+        batch: Vec<usize>,
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -149,13 +152,17 @@ fn run(cli: Cli) -> Result<()> {
             n_prompt,
             n_gen,
             reps,
+            batch,
             json,
             device,
         } => {
+            if batch.contains(&0) {
+                anyhow::bail!("--batch sizes must be at least 1");
+            }
             let path = model.unwrap_or_else(default_model);
             let mut exec = device::load_executor(&path, &device, &LoadOptions::default())?;
             let name = path.display().to_string();
-            cmd::bench::run(exec.as_mut(), &name, n_prompt, n_gen, reps.max(1), json)
+            cmd::bench::run(exec.as_mut(), &name, n_prompt, n_gen, &batch, reps.max(1), json)
         }
     }
 }

@@ -1,66 +1,215 @@
-//! Kernel lab: the absorbed MLA decode kernel (`attn_mqa_split` + combine) at serving
-//! shapes, timed with CUDA events (median of 20 after 3 warm-ups), reported as effective
-//! bandwidth (cache bytes + q + out over time) and TFLOP/s, against the machine's measured
-//! ceilings (3,970 GB/s copy, 804 TFLOP/s bf16 GEMM; ../shared/design/gpu.md).
-//! Correctness of the same kernel is the op table's job (tests/ops.rs).
+//! Kernel lab: absorbed MLA decode at serving shapes — the CUDA-core kernel
+//! (`attn_mqa_split` + combine) and every tensor-core variant of `mla_decode.cu`, over a split
+//! sweep — on random inputs (bf16 cache in shuffled 64-row pages, f32 queries), timed with
+//! CUDA events (median of 20 after 3 warm-ups), reported as effective bandwidth (cache bytes
+//! + q + out over time) and TFLOP/s against the machine's measured ceilings (3,970 GB/s copy,
+//! 804 TFLOP/s bf16 GEMM; ../shared/design/gpu.md). Before timing, each tensor-core variant's
+//! output is compared with the CUDA-core kernel's on the same inputs (the op table checks
+//! both against the CPU; a variant past 2^-8 is reported and not timed) and with its own
+//! second run (bit-exact, else reported: a race).
 //!
 //!     cargo run --release -p mlaserve-cuda --example mla_decode [-- --json out.json]
 
+use cudarc::driver::sys::{CUevent_flags, CUfunction_attribute};
+use mlaserve_cuda::mla_decode::MlaVariant;
 use mlaserve_cuda::ops::{AttnDims, KeyLists};
-use mlaserve_cuda::Gpu;
+use mlaserve_cuda::{DBuf, Gpu};
+use rayon::prelude::*;
+
+const COPY_GBS: f64 = 3970.0;
+const GEMM_TFS: f64 = 804.0;
+
+/// Random bf16 bit patterns of uniform [-1, 1) values, `n` of them, from `seed`.
+fn random_bf16(n: usize, seed: u64) -> Vec<u16> {
+    let mut out = vec![0u16; n];
+    out.par_chunks_mut(1 << 20).enumerate().for_each(|(c, chunk)| {
+        let mut s = seed ^ (c as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        for x in chunk.iter_mut() {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let f = (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
+            *x = half::bf16::from_f32(f).to_bits();
+        }
+    });
+    out
+}
+
+fn random_f32(n: usize, seed: u64) -> Vec<f32> {
+    random_bf16(n, seed)
+        .iter()
+        .map(|&b| half::bf16::from_bits(b).to_f32())
+        .collect()
+}
+
+/// max|a - b| / max|b| over bf16 outputs; NaN anywhere gives NaN.
+fn rel_err(a: &[u16], b: &[u16]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        let (x, y) = (
+            half::bf16::from_bits(x).to_f64(),
+            half::bf16::from_bits(y).to_f64(),
+        );
+        if x.is_nan() || y.is_nan() {
+            return f64::NAN;
+        }
+        num = num.max((x - y).abs());
+        den = den.max(y.abs());
+    }
+    num / den.max(f64::MIN_POSITIVE)
+}
+
+/// Median µs of `run` over 20 timed launches after 3 warm-ups.
+fn time_us(gpu: &Gpu, run: &dyn Fn() -> mlaserve_cuda::error::Result<()>) -> Result<f64, Box<dyn std::error::Error>> {
+    for _ in 0..3 {
+        run()?;
+    }
+    gpu.sync()?;
+    let mut times = Vec::new();
+    for _ in 0..20 {
+        let e0 = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let e1 = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        e0.record(&gpu.stream)?;
+        run()?;
+        e1.record(&gpu.stream)?;
+        e1.synchronize()?;
+        times.push(e0.elapsed_ms(&e1)? as f64 * 1e3);
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    Ok(times[times.len() / 2])
+}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let gpu = Gpu::new(0)?;
     let json = std::env::args().skip_while(|a| a != "--json").nth(1);
     let (l, r, p, bs) = (512usize, 64usize, 128usize, 64usize);
+    let mut kernels = Vec::new();
+    for v in MlaVariant::ALL {
+        let f = gpu.func(v.kernel())?;
+        let regs = f.num_regs()?;
+        let local = f.get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?;
+        println!(
+            "{v:?}: {} heads/block, {regs} registers, {local} B local, {} B shared",
+            v.heads_per_block(),
+            v.smem_bytes()
+        );
+        kernels.push(serde_json::json!({"variant": format!("{v:?}"), "kernel": v.kernel(), "registers": regs, "local_bytes": local, "shared_bytes": v.smem_bytes()}));
+    }
     let mut rows = Vec::new();
-    println!("| B | heads | ctx | splits | µs (median) | GB/s | TFLOP/s |");
-    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
-    for &(b, heads, ctx) in &[(64usize, 16usize, 4096usize), (128, 16, 8192), (64, 128, 4096), (128, 128, 4096)] {
+    let mut table = Vec::new();
+    for &(b, heads, ctx) in &[
+        (64usize, 16usize, 4096usize),
+        (128, 16, 8192),
+        (64, 128, 4096),
+        (128, 128, 4096),
+    ] {
         let blocks_per = ctx.div_ceil(bs);
         let nb = b * blocks_per;
-        let cache = gpu.alloc_filled::<u16>(nb * bs * (l + r), 0x3c)?; // bf16 0x3c3c ~ 0.0115
-        let tables: Vec<i32> = (0..nb as i32).collect();
+        let seed = (b * 1_000_003 + heads * 1009 + ctx) as u64;
+        let cache = gpu.upload(&random_bf16(nb * bs * (l + r), seed))?;
+        // Pages in a shuffled order, as a long-running server's free list leaves them.
+        let mut tables: Vec<i32> = (0..nb as i32).collect();
+        let mut s = seed | 1;
+        for i in (1..tables.len()).rev() {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            tables.swap(i, (s % (i as u64 + 1)) as usize);
+        }
         let bt = gpu.upload(&tables)?;
         let bt_off = gpu.upload(&(0..b).map(|i| (i * blocks_per) as i32).collect::<Vec<_>>())?;
         let n_keys = gpu.upload(&vec![ctx as i32; b])?;
         let sel_off = gpu.upload(&vec![-1i32; b])?;
         let sel_pos = gpu.upload(&[0i32])?;
-        let q_lat = gpu.alloc_filled::<f32>(b * heads * l, 0x3c)?;
-        let q = gpu.alloc_filled::<f32>(b * heads * (p + r), 0x3c)?;
-        let o_lat = gpu.alloc::<u16>(b * heads * l)?;
-        for splits in [1usize, 4, 16] {
-            let part = gpu.alloc::<f32>(b * heads * splits * l)?;
-            let lse = gpu.alloc::<f32>(b * heads * splits)?;
-            let dims = AttnDims { t: b, heads, p, r, v: 0, l, scale: 0.07 };
-            let keys = KeyLists { n_keys: n_keys.ptr(), sel_off: sel_off.ptr(), sel_pos: sel_pos.ptr() };
-            let run = || gpu.attn_mqa(&dims, q_lat.ptr(), q.ptr(), cache.ptr(), &keys, bt.ptr(), bt_off.ptr(), bs, splits, part.ptr(), lse.ptr(), o_lat.ptr());
-            for _ in 0..3 {
-                run()?;
-            }
-            gpu.sync()?;
-            let mut times = Vec::new();
-            for _ in 0..20 {
-                let e0 = gpu.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-                let e1 = gpu.ctx.new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-                e0.record(&gpu.stream)?;
-                run()?;
-                e1.record(&gpu.stream)?;
-                e1.synchronize()?;
-                times.push(e0.elapsed_ms(&e1)? as f64 * 1e3);
-            }
-            times.sort_by(|a, b| a.total_cmp(b));
-            let us = times[times.len() / 2];
-            let bytes = (b * ctx * (l + r) * 2 + b * heads * (l + r) * 4 + b * heads * l * 2) as f64;
-            let flops = (2 * b * heads * ctx * (l + r) + 2 * b * heads * ctx * l) as f64;
+        let q_lat = gpu.upload(&random_f32(b * heads * l, seed + 1))?;
+        let q = gpu.upload(&random_f32(b * heads * (p + r), seed + 2))?;
+        let dims = AttnDims {
+            t: b,
+            heads,
+            p,
+            r,
+            v: 0,
+            l,
+            scale: (p as f32 + r as f32).powf(-0.5),
+        };
+        let keys = KeyLists {
+            n_keys: n_keys.ptr(),
+            sel_off: sel_off.ptr(),
+            sel_pos: sel_pos.ptr(),
+        };
+        let bytes = (b * ctx * (l + r) * 2 + b * heads * (l + r) * 4 + b * heads * l * 2) as f64;
+        let flops = (2 * b * heads * ctx * (l + r) + 2 * b * heads * ctx * l) as f64;
+        let max_splits = 16usize;
+        let part: DBuf<f32> = gpu.alloc(b * heads * max_splits * l)?;
+        let lse: DBuf<f32> = gpu.alloc(b * heads * max_splits)?;
+        let reference: DBuf<u16> = gpu.alloc_filled(b * heads * l, 0xff)?;
+        let o_lat: DBuf<u16> = gpu.alloc(b * heads * l)?;
+        gpu.attn_mqa(&dims, q_lat.ptr(), q.ptr(), cache.ptr(), &keys, bt.ptr(), bt_off.ptr(), bs, 4, part.ptr(), lse.ptr(), reference.ptr())?;
+        let want = gpu.to_host(&reference)?;
+        let heuristic = gpu.mqa_tc_splits(b, heads, ctx, max_splits)?;
+        let mut best: Vec<(String, f64, usize)> = Vec::new();
+        let mut failed = Vec::new();
+        let mut record = |kernel: String, splits: usize, us: f64, err: Option<f64>| {
             let gbs = bytes / us / 1e3;
             let tfs = flops / us / 1e6;
-            println!("| {b} | {heads} | {ctx} | {splits} | {us:.1} | {gbs:.0} | {tfs:.1} |");
-            rows.push(serde_json::json!({"batch": b, "heads": heads, "ctx": ctx, "splits": splits, "us_median": us, "gb_s": gbs, "tflop_s": tfs}));
+            println!("B{b} H{heads} ctx{ctx} {kernel:<8} splits {splits:>2}: {us:8.1} µs {gbs:6.0} GB/s {tfs:6.1} TFLOP/s");
+            rows.push(serde_json::json!({"batch": b, "heads": heads, "ctx": ctx, "kernel": kernel, "splits": splits, "us_median": us, "gb_s": gbs, "tflop_s": tfs, "rel_err_vs_cuda_core": err}));
+            match best.iter_mut().find(|e| e.0 == kernel) {
+                Some(e) if e.1 <= us => {}
+                Some(e) => *e = (kernel, us, splits),
+                None => best.push((kernel, us, splits)),
+            }
+        };
+        for splits in [4usize, 16] {
+            let run = || gpu.attn_mqa(&dims, q_lat.ptr(), q.ptr(), cache.ptr(), &keys, bt.ptr(), bt_off.ptr(), bs, splits, part.ptr(), lse.ptr(), o_lat.ptr());
+            record("naive".into(), splits, time_us(&gpu, &run)?, None);
+        }
+        for v in MlaVariant::ALL {
+            let mut sweep = vec![1usize, 2, 4, 8, 16];
+            if !sweep.contains(&heuristic) {
+                sweep.push(heuristic);
+            }
+            for splits in sweep {
+                let run = || gpu.attn_mqa_tc_variant(v, &dims, q_lat.ptr(), q.ptr(), cache.ptr(), &keys, bt.ptr(), bt_off.ptr(), bs, splits, part.ptr(), lse.ptr(), o_lat.ptr());
+                gpu.write(&o_lat, 0, &vec![0xffffu16; b * heads * l])?;
+                run()?;
+                let err = rel_err(&gpu.to_host(&o_lat)?, &want);
+                if !(err <= 1.0 / 256.0) {
+                    println!("B{b} H{heads} ctx{ctx} {v:?} splits {splits}: differs from the CUDA-core kernel by {err:.3e}; not timed");
+                    failed.push(serde_json::json!({"batch": b, "heads": heads, "ctx": ctx, "kernel": format!("{v:?}"), "splits": splits, "rel_err_vs_cuda_core": err, "failed": true}));
+                    continue;
+                }
+                // A race shows as a result that moves between runs on the same inputs.
+                let first = gpu.to_host(&o_lat)?;
+                run()?;
+                if gpu.to_host(&o_lat)? != first {
+                    println!("B{b} H{heads} ctx{ctx} {v:?} splits {splits}: two runs differ (a race?)");
+                    failed.push(serde_json::json!({"batch": b, "heads": heads, "ctx": ctx, "kernel": format!("{v:?}"), "splits": splits, "nondeterministic": true}));
+                }
+                record(format!("{v:?}"), splits, time_us(&gpu, &run)?, Some(err));
+            }
+        }
+        rows.extend(failed);
+        for (kernel, us, splits) in best {
+            table.push(format!(
+                "| {b} | {heads} | {ctx} | {kernel} | {splits}{} | {us:.1} | {:.0} | {:.0}% | {:.1} | {:.1}% |",
+                if kernel != "naive" && splits == heuristic { " (h)" } else { "" },
+                bytes / us / 1e3,
+                100.0 * bytes / us / 1e3 / COPY_GBS,
+                flops / us / 1e6,
+                100.0 * flops / us / 1e6 / GEMM_TFS
+            ));
         }
     }
+    println!();
+    println!("best split per kernel ((h) = mqa_tc_splits' choice)");
+    println!("| B | heads | ctx | kernel | splits | µs (median) | GB/s | % copy | TFLOP/s | % GEMM |");
+    println!("| ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for line in &table {
+        println!("{line}");
+    }
     if let Some(p) = json {
-        let doc = serde_json::json!({"gpu": gpu.name, "kernel": "attn_mqa_split+combine (naive: a block per (token, head, split))", "rows": rows});
+        let doc = serde_json::json!({"gpu": gpu.name, "arch": gpu.arch, "bytes": "cache rows + q (f32, 576 per head) + o_lat (bf16)", "flops": "2*B*H*ctx*(576+512)", "kernels": kernels, "rows": rows});
         std::fs::write(p, serde_json::to_string_pretty(&doc)?)?;
     }
     Ok(())

@@ -740,7 +740,14 @@ impl Executor for CudaExecutor {
     }
 
     fn forward(&mut self, batch: &ForwardBatch) -> std::result::Result<Vec<f32>, ModelError> {
-        Ok(self.step(batch)?)
+        self.gpu.begin_step();
+        let r = self.step(batch);
+        self.gpu.end_step();
+        Ok(r?)
+    }
+
+    fn take_comm_seconds(&mut self) -> Option<f64> {
+        self.comm.as_ref().map(|c| c.take_seconds())
     }
 
     fn device(&self) -> String {

@@ -5,6 +5,12 @@
 //! (it is turned off before the first allocation); every host read (`to_host`) synchronizes
 //! the stream first, so a kernel's error surfaces at the next read at the latest; a `DBuf`
 //! frees its memory on drop with its context bound.
+//!
+//! Step scratch: between [`Gpu::begin_step`] and [`Gpu::end_step`] every allocation is cut
+//! from a bump arena that persists across steps (it grows by chunks, never shrinks), so a
+//! step makes no `cuMemAlloc`/`cuMemFree` calls — those synchronize the device, and with
+//! NCCL ranks in one process they serialized the ranks. Reusing the arena in the next step
+//! without a host sync is safe because all work is ordered on the one stream.
 
 use crate::error::{CudaError, Result};
 use crate::kernels;
@@ -43,11 +49,12 @@ pub fn check_libraries() -> Result<()> {
     }
 }
 
-/// A device allocation of `len` elements of `T`.
+/// A device allocation of `len` elements of `T` (owned, or a view of the step arena).
 pub struct DBuf<T> {
     ptr: u64,
     len: usize,
     ctx: Arc<CudaContext>,
+    owned: bool,
     _t: PhantomData<T>,
 }
 
@@ -77,7 +84,7 @@ impl<T> DBuf<T> {
 
 impl<T> Drop for DBuf<T> {
     fn drop(&mut self) {
-        if self.ptr != 0 {
+        if self.owned && self.ptr != 0 {
             let _ = self.ctx.bind_to_thread();
             // SAFETY: allocated by `Gpu::alloc` in this context and freed once.
             let _ = unsafe { drv::free_sync(self.ptr) };
@@ -97,7 +104,21 @@ pub struct Gpu {
     /// With a communicator, host waits poll the stream with this deadline instead of
     /// blocking (a stuck collective becomes an error, not a hang).
     sync_timeout: Option<std::time::Duration>,
+    arena: std::sync::Mutex<Arena>,
 }
+
+/// The step scratch arena: chunks of device memory, bump-allocated, reset per step.
+#[derive(Default)]
+struct Arena {
+    active: bool,
+    /// (pointer, capacity in bytes); owned, freed with the Gpu.
+    chunks: Vec<(u64, usize)>,
+    chunk: usize,
+    offset: usize,
+}
+
+const ARENA_CHUNK: usize = 256 << 20;
+const ARENA_ALIGN: usize = 256;
 
 // SAFETY: the cuBLAS handle is used only through &self methods that run on the one stream;
 // the executor drives a Gpu from one thread at a time.
@@ -162,7 +183,54 @@ impl Gpu {
             ordinal,
             arch,
             sync_timeout: None,
+            arena: std::sync::Mutex::new(Arena::default()),
         })
+    }
+
+    /// From here to [`Gpu::end_step`], allocations come from the step arena.
+    pub fn begin_step(&self) {
+        let mut a = self.arena.lock().unwrap_or_else(|e| e.into_inner());
+        a.active = true;
+        a.chunk = 0;
+        a.offset = 0;
+    }
+
+    /// Allocations are plain (owned) again. Arena views must be dropped by now.
+    pub fn end_step(&self) {
+        self.arena.lock().unwrap_or_else(|e| e.into_inner()).active = false;
+    }
+
+    /// Bytes the step arena holds.
+    pub fn arena_bytes(&self) -> usize {
+        let a = self.arena.lock().unwrap_or_else(|e| e.into_inner());
+        a.chunks.iter().map(|c| c.1).sum()
+    }
+
+    /// A pointer to `bytes` from the arena, or None when no step is active.
+    fn arena_alloc(&self, bytes: usize) -> Result<Option<u64>> {
+        let mut a = self.arena.lock().unwrap_or_else(|e| e.into_inner());
+        if !a.active {
+            return Ok(None);
+        }
+        let need = bytes.div_ceil(ARENA_ALIGN) * ARENA_ALIGN;
+        loop {
+            if a.chunk < a.chunks.len() {
+                let (ptr, cap) = a.chunks[a.chunk];
+                if a.offset + need <= cap {
+                    let p = ptr + a.offset as u64;
+                    a.offset += need;
+                    return Ok(Some(p));
+                }
+                a.chunk += 1;
+                a.offset = 0;
+                continue;
+            }
+            let cap = need.max(ARENA_CHUNK);
+            // SAFETY: plain device allocation, kept until the Gpu drops.
+            let ptr = unsafe { drv::malloc_sync(cap) }
+                .map_err(|e| CudaError::driver(format!("growing the step arena by {cap} bytes"), e))?;
+            a.chunks.push((ptr, cap));
+        }
     }
 
     /// Host waits give up after `t` (tensor-parallel ranks).
@@ -180,6 +248,15 @@ impl Gpu {
             .bind_to_thread()
             .map_err(|e| CudaError::driver("bind", e))?;
         let bytes = (len * std::mem::size_of::<T>()).max(1);
+        if let Some(ptr) = self.arena_alloc(bytes)? {
+            return Ok(DBuf {
+                ptr,
+                len,
+                ctx: self.ctx.clone(),
+                owned: false,
+                _t: PhantomData,
+            });
+        }
         // SAFETY: plain device allocation, freed by DBuf::drop.
         let ptr = unsafe { drv::malloc_sync(bytes) }
             .map_err(|e| CudaError::driver(format!("allocating {bytes} bytes"), e))?;
@@ -187,6 +264,7 @@ impl Gpu {
             ptr,
             len,
             ctx: self.ctx.clone(),
+            owned: true,
             _t: PhantomData,
         })
     }
@@ -203,6 +281,24 @@ impl Gpu {
     pub fn upload<T: Copy>(&self, host: &[T]) -> Result<DBuf<T>> {
         let d = self.alloc::<T>(host.len())?;
         self.write(&d, 0, host)?;
+        Ok(d)
+    }
+
+    /// A buffer of `T` holding exactly `bytes` (their length a multiple of `size_of::<T>()`).
+    pub fn upload_bytes<T>(&self, bytes: &[u8]) -> Result<DBuf<T>> {
+        let sz = std::mem::size_of::<T>();
+        if bytes.len() % sz != 0 {
+            return Err(CudaError::Invalid(format!(
+                "{} bytes are not a whole number of {sz}-byte elements",
+                bytes.len()
+            )));
+        }
+        let d = self.alloc::<T>(bytes.len() / sz)?;
+        if !bytes.is_empty() {
+            // SAFETY: d holds exactly bytes.len() bytes.
+            unsafe { drv::memcpy_htod_async(d.ptr, bytes, self.stream.cu_stream()) }
+                .map_err(|e| CudaError::driver("copy to device", e))?;
+        }
         Ok(d)
     }
 
@@ -367,6 +463,12 @@ macro_rules! args {
 impl Drop for Gpu {
     fn drop(&mut self) {
         let _ = self.stream.synchronize();
+        let _ = self.ctx.bind_to_thread();
+        let a = self.arena.get_mut().unwrap_or_else(|e| e.into_inner());
+        for &(ptr, _) in &a.chunks {
+            // SAFETY: arena chunks were allocated by arena_alloc and are freed once.
+            let _ = unsafe { drv::free_sync(ptr) };
+        }
         // SAFETY: created in new, destroyed once.
         let _ = unsafe { blas::destroy_handle(self.blas) };
     }

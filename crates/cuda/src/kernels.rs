@@ -12,6 +12,7 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/common.cuh"),
     include_str!("../kernels/elementwise.cu"),
     include_str!("../kernels/attention.cu"),
+    include_str!("../kernels/mla_decode.cu"),
 );
 
 /// Kernel names exported by [`SOURCE`] (each is loaded at start, so a missing one fails early).
@@ -32,6 +33,10 @@ pub const NAMES: &[&str] = &[
     "attn_mqa_split",
     "attn_mqa_combine",
     "dsa_scores",
+    "mla_decode_m1s3q",
+    "mla_decode_m2s2",
+    "mla_decode_m1s2",
+    "mla_decode_m2k",
 ];
 
 /// NVRTC's name for a compute capability.

@@ -13,6 +13,7 @@ pub mod error;
 pub mod executor;
 pub mod gpu;
 pub mod kernels;
+pub mod mla_decode;
 pub mod nccl;
 pub mod ops;
 pub mod tp;

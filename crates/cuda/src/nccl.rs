@@ -9,6 +9,7 @@
 
 use crate::error::{CudaError, Result};
 use crate::gpu::Gpu;
+use cudarc::driver::CudaEvent;
 use cudarc::nccl::{result as nccl, sys as nccl_sys};
 use std::time::{Duration, Instant};
 
@@ -43,6 +44,8 @@ pub fn check_nccl() -> Result<()> {
 
 pub struct NcclComm {
     comm: nccl_sys::ncclComm_t,
+    /// Events around each all-reduce since the last `take_seconds` (timed on the stream).
+    events: std::cell::RefCell<Vec<(CudaEvent, CudaEvent)>>,
     pub rank: usize,
     pub world_size: usize,
     pub timeout: Duration,
@@ -71,6 +74,7 @@ impl NcclComm {
         )?;
         Ok(Self {
             comm,
+            events: std::cell::RefCell::new(Vec::new()),
             rank,
             world_size,
             timeout,
@@ -82,6 +86,14 @@ impl NcclComm {
         if len == 0 {
             return Ok(());
         }
+        let ev = || {
+            gpu.ctx
+                .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(|e| CudaError::driver("event", e))
+        };
+        let (e0, e1) = (ev()?, ev()?);
+        e0.record(&gpu.stream)
+            .map_err(|e| CudaError::driver("event record", e))?;
         // SAFETY: buf holds len f32 on this rank's device; in-place is allowed by NCCL.
         unsafe {
             nccl::all_reduce(
@@ -94,8 +106,21 @@ impl NcclComm {
                 gpu.stream.cu_stream() as _,
             )
         }
-        .map(|_| ())
-        .map_err(|e| CudaError::driver(format!("ncclAllReduce on rank {}", self.rank), e))
+        .map_err(|e| CudaError::driver(format!("ncclAllReduce on rank {}", self.rank), e))?;
+        e1.record(&gpu.stream)
+            .map_err(|e| CudaError::driver("event record", e))?;
+        self.events.borrow_mut().push((e0, e1));
+        Ok(())
+    }
+
+    /// Seconds the all-reduces since the last call took on the stream (call after a sync).
+    pub fn take_seconds(&self) -> f64 {
+        self.events
+            .borrow_mut()
+            .drain(..)
+            .filter_map(|(a, b)| a.elapsed_ms(&b).ok())
+            .map(|ms| ms as f64 / 1e3)
+            .sum()
     }
 
     /// Waits for the stream with a deadline; on timeout aborts the communicator.

@@ -27,7 +27,8 @@ enum Cmd {
     Forward(Arc<ForwardBatch>),
 }
 
-type Reply = std::result::Result<Vec<f32>, String>;
+/// Logits (rank 0) and the seconds this step spent in all-reduce.
+type Reply = std::result::Result<(Vec<f32>, f64), String>;
 
 struct Rank {
     tx: Option<Sender<Cmd>>,
@@ -41,6 +42,8 @@ pub struct CudaTpExecutor {
     ranks: Vec<Rank>,
     timeout: Duration,
     device: String,
+    /// Rank 0's all-reduce seconds since the last `take_comm_seconds`.
+    comm_seconds: f64,
 }
 
 fn panic_msg(p: Box<dyn std::any::Any + Send>) -> String {
@@ -101,8 +104,10 @@ fn rank_main(
     };
     while let Ok(cmd) = rx.recv() {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &cmd {
-            Cmd::InitCache(nb, bs) => exec.init_cache(*nb, *bs).map(|_| Vec::new()),
-            Cmd::Forward(b) => exec.forward(b),
+            Cmd::InitCache(nb, bs) => exec.init_cache(*nb, *bs).map(|_| (Vec::new(), 0.0)),
+            Cmd::Forward(b) => exec
+                .forward(b)
+                .map(|l| (l, exec.take_comm_seconds().unwrap_or(0.0))),
         }));
         let reply = match r {
             Ok(Ok(v)) => Ok(v),
@@ -198,6 +203,7 @@ impl CudaTpExecutor {
             ranks,
             timeout,
             device: format!("cuda tp={world} [{}]", devices.join(", ")),
+            comm_seconds: 0.0,
         })
     }
 
@@ -221,9 +227,10 @@ impl CudaTpExecutor {
         let deadline = self.timeout * 2 + Duration::from_secs(5);
         for (r, rank) in self.ranks.iter().enumerate() {
             match rank.rx.recv_timeout(deadline) {
-                Ok(Ok(v)) => {
+                Ok(Ok((v, secs))) => {
                     if r == 0 {
                         out = v;
+                        self.comm_seconds += secs;
                     }
                 }
                 Ok(Err(e)) => {
@@ -268,6 +275,10 @@ impl Executor for CudaTpExecutor {
 
     fn device(&self) -> String {
         self.device.clone()
+    }
+
+    fn take_comm_seconds(&mut self) -> Option<f64> {
+        Some(std::mem::take(&mut self.comm_seconds))
     }
 }
 

@@ -23,8 +23,14 @@ fn bf16_bits(x: &[f32]) -> Vec<u16> {
 }
 
 fn mat(gpu: &Gpu, m: &QMatrix) -> Result<GMat> {
+    let w = if m.ty == mlaserve_gguf::GgmlType::BF16 {
+        // Already bf16: the stored bytes go up as they are.
+        gpu.upload_bytes(&m.data()[..m.rows * m.row_bytes()])?
+    } else {
+        gpu.upload(&bf16_bits(&m.to_f32()))?
+    };
     Ok(GMat {
-        w: gpu.upload(&bf16_bits(&m.to_f32()))?,
+        w,
         rows: m.rows,
         cols: m.cols,
     })
@@ -42,11 +48,21 @@ pub struct GMlp {
 }
 
 fn mlp(gpu: &Gpu, m: &Mlp) -> Result<GMlp> {
-    let mut gu = m.gate.to_f32();
-    gu.extend(m.up.to_f32());
+    let bf16 = mlaserve_gguf::GgmlType::BF16;
+    let w = if m.gate.ty == bf16 && m.up.ty == bf16 {
+        let (g, u) = (m.gate.rows * m.gate.row_bytes(), m.up.rows * m.up.row_bytes());
+        let mut bytes = Vec::with_capacity(g + u);
+        bytes.extend_from_slice(&m.gate.data()[..g]);
+        bytes.extend_from_slice(&m.up.data()[..u]);
+        gpu.upload_bytes(&bytes)?
+    } else {
+        let mut gu = m.gate.to_f32();
+        gu.extend(m.up.to_f32());
+        gpu.upload(&bf16_bits(&gu))?
+    };
     Ok(GMlp {
         gate_up: GMat {
-            w: gpu.upload(&bf16_bits(&gu))?,
+            w,
             rows: 2 * m.gate.rows,
             cols: m.gate.cols,
         },

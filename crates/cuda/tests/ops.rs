@@ -803,6 +803,207 @@ fn attention(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     );
 }
 
+/// The tensor-core absorbed decode (mla_decode.cu), every variant, against the CPU `attend`
+/// over the same bf16 cache rows: 16, 20 (a partial head group), 64 and 128 heads; 1-4
+/// splits (empty splits included); dense causal and DSA top-k lists; key counts 1, 64, 65
+/// and others not multiples of the 64-key tile; block sizes 16 and 64. Plus the fallback of
+/// `attn_mqa_tc` to the CUDA-core kernel for another latent width. Bound as attn_mqa's.
+fn attention_tc(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
+    use mlaserve_cuda::mla_decode::MlaVariant;
+    let cases: &[(usize, &[usize], usize, Option<usize>, usize)] = &[
+        // (heads, query positions, splits, top-k, block size)
+        (16, &[0, 63, 64, 300, 1000], 1, None, 16),
+        (16, &[0, 129, 700, 2000], 4, None, 64),
+        (20, &[0, 90, 333], 2, None, 16),
+        (128, &[1, 1000], 2, None, 16),
+        (128, &[5, 700, 1500], 3, Some(256), 64),
+        (64, &[250, 513], 1, Some(64), 16),
+    ];
+    let (l, r, p, scale) = (512usize, 64usize, 32usize, 0.07f32);
+    let w = l + r;
+    for &(heads, positions, splits, topk, bs) in cases {
+        let t = positions.len();
+        let paged = Paged::new(rng, positions.iter().max().unwrap() + 1, bs, w);
+        let q_lat = rng.vec(t * heads * l, 1.0);
+        let q = rng.vec(t * heads * (p + r), 1.0);
+        let mut sel_off = vec![-1i32; t];
+        let mut sel_pos = vec![0i32];
+        let mut lists: Vec<Vec<usize>> = Vec::new();
+        for (i, &pos) in positions.iter().enumerate() {
+            let keys: Vec<usize> = match topk {
+                Some(k) => {
+                    let keys = top_k(&rng.vec(pos + 1, 1.0), k);
+                    sel_off[i] = sel_pos.len() as i32;
+                    sel_pos.extend(keys.iter().map(|&x| x as i32));
+                    keys
+                }
+                None => (0..=pos).collect(),
+            };
+            lists.push(keys);
+        }
+        let n_keys: Vec<i32> = lists.iter().map(|k| k.len() as i32).collect();
+        let d = |v: &[i32]| gpu.upload(v).unwrap();
+        let (nk, so, sp) = (d(&n_keys), d(&sel_off), d(&sel_pos));
+        let bt_off = d(&vec![0i32; t]);
+        let tables = d(&paged.table);
+        let cache = gpu.upload(&paged.cache).unwrap();
+        let (qld, qd) = (gpu.upload(&q_lat).unwrap(), gpu.upload(&q).unwrap());
+        let rows: Vec<Vec<f32>> = (0..=*positions.iter().max().unwrap())
+            .map(|pp| paged.row(pp))
+            .collect();
+        let mut want = vec![0f32; t * heads * l];
+        let mut scratch = Vec::new();
+        for i in 0..t {
+            for h in 0..heads {
+                let qp = &q[i * heads * (p + r) + h * (p + r) + p..][..r];
+                attend(
+                    &lists[i],
+                    |j| (&rows[j][..l], &rows[j][l..], &rows[j][..l]),
+                    &q_lat[(i * heads + h) * l..][..l],
+                    qp,
+                    scale,
+                    &mut scratch,
+                    &mut want[(i * heads + h) * l..][..l],
+                );
+            }
+        }
+        let dims = AttnDims {
+            t,
+            heads,
+            p,
+            r,
+            v: 0,
+            l,
+            scale,
+        };
+        let keys = KeyLists {
+            n_keys: nk.ptr(),
+            sel_off: so.ptr(),
+            sel_pos: sp.ptr(),
+        };
+        for v in MlaVariant::ALL {
+            let part = poisoned::<f32>(gpu, t * heads * splits * l);
+            let lse = poisoned::<f32>(gpu, t * heads * splits);
+            let o_lat = poisoned::<u16>(gpu, t * heads * l);
+            gpu.attn_mqa_tc_variant(
+                v,
+                &dims,
+                qld.ptr(),
+                qd.ptr(),
+                cache.ptr(),
+                &keys,
+                tables.ptr(),
+                bt_off.ptr(),
+                bs,
+                splits,
+                part.ptr(),
+                lse.ptr(),
+                o_lat.ptr(),
+            )
+            .unwrap();
+            let got: Vec<f32> = gpu
+                .to_host(&o_lat)
+                .unwrap()
+                .iter()
+                .map(|&b| unbf(b))
+                .collect();
+            let name = format!(
+                "{v:?} T{t} N{heads} keys{:?} splits{splits} bs{bs}{}",
+                n_keys,
+                topk.map(|k| format!(" topk{k}")).unwrap_or_default()
+            );
+            rep.check(
+                "attn_mqa_tc",
+                name,
+                "bf16 cache",
+                rel_err(&got, &want),
+                1.0 / 256.0,
+            );
+        }
+    }
+    // Another latent width: attn_mqa_tc runs the CUDA-core kernel.
+    let (t, heads, l, r, ctx, bs) = (2, 4, 64, 16, 40, 16);
+    let w = l + r;
+    let paged = Paged::new(rng, ctx + t, bs, w);
+    let q_lat = rng.vec(t * heads * l, 1.0);
+    let q = rng.vec(t * heads * (p + r), 1.0);
+    let n_keys: Vec<i32> = (0..t).map(|i| (ctx + i + 1) as i32).collect();
+    let d = |v: &[i32]| gpu.upload(v).unwrap();
+    let (nk, so, sp, bt_off, tables) = (
+        d(&n_keys),
+        d(&vec![-1i32; t]),
+        d(&[0]),
+        d(&vec![0i32; t]),
+        d(&paged.table),
+    );
+    let cache = gpu.upload(&paged.cache).unwrap();
+    let (qld, qd) = (gpu.upload(&q_lat).unwrap(), gpu.upload(&q).unwrap());
+    let (part, lse, o_lat) = (
+        poisoned::<f32>(gpu, t * heads * 2 * l),
+        poisoned::<f32>(gpu, t * heads * 2),
+        poisoned::<u16>(gpu, t * heads * l),
+    );
+    let dims = AttnDims {
+        t,
+        heads,
+        p,
+        r,
+        v: 0,
+        l,
+        scale,
+    };
+    let keys = KeyLists {
+        n_keys: nk.ptr(),
+        sel_off: so.ptr(),
+        sel_pos: sp.ptr(),
+    };
+    gpu.attn_mqa_tc(
+        &dims,
+        qld.ptr(),
+        qd.ptr(),
+        cache.ptr(),
+        &keys,
+        tables.ptr(),
+        bt_off.ptr(),
+        bs,
+        2,
+        part.ptr(),
+        lse.ptr(),
+        o_lat.ptr(),
+    )
+    .unwrap();
+    let got: Vec<f32> = gpu
+        .to_host(&o_lat)
+        .unwrap()
+        .iter()
+        .map(|&b| unbf(b))
+        .collect();
+    let rows: Vec<Vec<f32>> = (0..ctx + t).map(|pp| paged.row(pp)).collect();
+    let mut want = vec![0f32; t * heads * l];
+    let mut scratch = Vec::new();
+    for i in 0..t {
+        let list: Vec<usize> = (0..n_keys[i] as usize).collect();
+        for h in 0..heads {
+            attend(
+                &list,
+                |j| (&rows[j][..l], &rows[j][l..], &rows[j][..l]),
+                &q_lat[(i * heads + h) * l..][..l],
+                &q[i * heads * (p + r) + h * (p + r) + p..][..r],
+                scale,
+                &mut scratch,
+                &mut want[(i * heads + h) * l..][..l],
+            );
+        }
+    }
+    rep.check(
+        "attn_mqa_tc",
+        format!("fallback T{t} N{heads} L{l} R{r} ctx{ctx} splits2"),
+        "bf16 cache",
+        rel_err(&got, &want),
+        1.0 / 256.0,
+    );
+}
+
 #[test]
 fn op_table_against_cpu() {
     let gpu = match Gpu::new(0) {
@@ -817,6 +1018,7 @@ fn op_table_against_cpu() {
     gemms(&gpu, &mut rng, &mut rep);
     elementwise(&gpu, &mut rng, &mut rep);
     attention(&gpu, &mut rng, &mut rep);
+    attention_tc(&gpu, &mut rng, &mut rep);
     let failed: Vec<_> = rep.rows.iter().filter(|r| !(r.3 <= r.4)).collect();
     if let Ok(path) = std::env::var("MLASERVE_OP_REPORT") {
         let rows: Vec<serde_json::Value> = rep

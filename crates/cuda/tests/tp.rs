@@ -152,7 +152,7 @@ fn a_failing_rank_stops_the_step_with_its_error() {
     let p = file("deepseek_v3", "bf16");
     let mut multi = tp(&p, 2, false);
     multi.init_cache(4, 16).unwrap();
-    // A slot past the cache fails validation on every rank: each answers with its error.
+    // A block past the cache fails validation on every rank: each answers with its error.
     let seq = mlaserve_model::SeqInput {
         tokens: vec![1, 2, 3],
         context_len: 0,
@@ -163,5 +163,5 @@ fn a_failing_rank_stops_the_step_with_its_error() {
     let t0 = std::time::Instant::now();
     let err = multi.forward(&batch).unwrap_err().to_string();
     println!("error after {:?}: {err}", t0.elapsed());
-    assert!(err.contains("rank") && err.contains("block 99"), "{err}");
+    assert!(err.contains("rank") && err.contains("past the cache"), "{err}");
 }

@@ -27,6 +27,10 @@ pub trait Executor: Send {
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, ModelError>;
     /// Where it runs, for logs and `/v1/models`: "cpu", "cuda:0", "cpu tp=2".
     fn device(&self) -> String;
+    /// Seconds spent in collectives (all-reduce) since the last call; None where not measured.
+    fn take_comm_seconds(&mut self) -> Option<f64> {
+        None
+    }
 }
 
 /// The reference executor: [`Model::forward`] on this thread (its kernels use rayon).

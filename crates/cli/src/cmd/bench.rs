@@ -21,7 +21,14 @@ fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-fn pp(exec: &mut dyn Executor, p: usize, rep: u64) -> Result<f64> {
+/// One measured run: tokens/s and the share of the wall time spent in all-reduce.
+struct Run {
+    tok_s: f64,
+    /// None: the executor does not time its collectives.
+    comm_share: Option<f64>,
+}
+
+fn pp(exec: &mut dyn Executor, p: usize, rep: u64) -> Result<Run> {
     let blocks = p.div_ceil(BS);
     exec.init_cache(blocks, BS)?;
     let seq = SeqInput {
@@ -31,32 +38,47 @@ fn pp(exec: &mut dyn Executor, p: usize, rep: u64) -> Result<f64> {
         logits: LogitsWanted::Last,
     };
     let batch = ForwardBatch::new(vec![seq], BS, AttentionPath::Auto)?;
+    exec.take_comm_seconds();
     let t0 = Instant::now();
     exec.forward(&batch)?;
-    Ok(p as f64 / t0.elapsed().as_secs_f64())
+    let wall = t0.elapsed().as_secs_f64();
+    Ok(Run {
+        tok_s: p as f64 / wall,
+        comm_share: exec.take_comm_seconds().map(|c| c / wall),
+    })
 }
 
-fn tg(exec: &mut dyn Executor, n: usize, rep: u64) -> Result<f64> {
-    let blocks = (n + 1).div_ceil(BS);
-    exec.init_cache(blocks, BS)?;
-    let table: Vec<u32> = (0..blocks as u32).collect();
-    let toks = tokens(n + 1, exec.config().vocab_size, rep + 1000);
+/// `n` decode steps of `b` sequences at once (after a 1-token context each).
+fn tg(exec: &mut dyn Executor, n: usize, b: usize, rep: u64) -> Result<Run> {
+    let per = (n + 1).div_ceil(BS);
+    exec.init_cache(per * b, BS)?;
+    let vocab = exec.config().vocab_size;
+    let toks: Vec<Vec<u32>> = (0..b)
+        .map(|s| tokens(n + 1, vocab, rep * 7919 + s as u64 + 1000))
+        .collect();
     let step = |i: usize, exec: &mut dyn Executor| -> Result<()> {
-        let seq = SeqInput {
-            tokens: vec![toks[i]],
-            context_len: i,
-            block_table: table.clone(),
-            logits: LogitsWanted::Last,
-        };
-        exec.forward(&ForwardBatch::new(vec![seq], BS, AttentionPath::Auto)?)?;
+        let seqs = (0..b)
+            .map(|s| SeqInput {
+                tokens: vec![toks[s][i]],
+                context_len: i,
+                block_table: (0..per as u32).map(|k| (s * per) as u32 + k).collect(),
+                logits: LogitsWanted::Last,
+            })
+            .collect();
+        exec.forward(&ForwardBatch::new(seqs, BS, AttentionPath::Auto)?)?;
         Ok(())
     };
     step(0, exec)?;
+    exec.take_comm_seconds();
     let t0 = Instant::now();
     for i in 1..=n {
         step(i, exec)?;
     }
-    Ok(n as f64 / t0.elapsed().as_secs_f64())
+    let wall = t0.elapsed().as_secs_f64();
+    Ok(Run {
+        tok_s: (n * b) as f64 / wall,
+        comm_share: exec.take_comm_seconds().map(|c| c / wall),
+    })
 }
 
 /// Median and (max-min)/2 of a sample.
@@ -70,34 +92,47 @@ fn summary(mut v: Vec<f64>) -> (f64, f64) {
     (med, (v[v.len() - 1] - v[0]) / 2.0)
 }
 
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     exec: &mut dyn Executor,
     name: &str,
     p: usize,
     n: usize,
+    batches: &[usize],
     reps: usize,
     json: bool,
 ) -> Result<()> {
     let threads = rayon::current_num_threads();
     let device = exec.device();
+    // (test, (median tok/s, half-range), median all-reduce share)
     let mut rows = Vec::new();
+    let collect = |runs: Vec<Run>| {
+        let shares: Option<Vec<f64>> = runs.iter().map(|r| r.comm_share).collect();
+        let share = shares.map(|v| summary(v).0);
+        (summary(runs.iter().map(|r| r.tok_s).collect()), share)
+    };
     if p > 0 {
         pp(exec, p.min(16), 0)?; // warm-up
-        let v: Vec<f64> = (0..reps)
+        let runs = (0..reps)
             .map(|r| pp(exec, p, r as u64))
-            .collect::<Result<_>>()?;
-        rows.push((format!("pp{p}"), summary(v)));
+            .collect::<Result<Vec<_>>>()?;
+        let (t, share) = collect(runs);
+        rows.push((format!("pp{p}"), t, share));
     }
     if n > 0 {
-        let v: Vec<f64> = (0..reps)
-            .map(|r| tg(exec, n, r as u64))
-            .collect::<Result<_>>()?;
-        rows.push((format!("tg{n}"), summary(v)));
+        for &b in batches {
+            let runs = (0..reps)
+                .map(|r| tg(exec, n, b, r as u64))
+                .collect::<Result<Vec<_>>>()?;
+            let (t, share) = collect(runs);
+            let name = if b == 1 { format!("tg{n}") } else { format!("tg{n} b{b}") };
+            rows.push((name, t, share));
+        }
     }
     if json {
         let tests: Vec<serde_json::Value> = rows
             .iter()
-            .map(|(t, (m, s))| serde_json::json!({"test": t, "tokens_per_s_median": m, "spread": s, "reps": reps}))
+            .map(|(t, (m, s), c)| serde_json::json!({"test": t, "tokens_per_s_median": m, "spread": s, "allreduce_share": c, "reps": reps}))
             .collect();
         println!(
             "{}",
@@ -106,10 +141,11 @@ pub fn run(
             )?
         );
     } else {
-        println!("| model | device | threads | test | t/s (median ± half-range, {reps} reps) |");
-        println!("| --- | --- | ---: | ---: | ---: |");
-        for (t, (m, s)) in rows {
-            println!("| {name} | {device} | {threads} | {t} | {m:.2} ± {s:.2} |");
+        println!("| model | device | threads | test | t/s (median ± half-range, {reps} reps) | all-reduce share |");
+        println!("| --- | --- | ---: | ---: | ---: | ---: |");
+        for (t, (m, s), c) in rows {
+            let c = c.map_or("-".to_string(), |c| format!("{:.1}%", c * 100.0));
+            println!("| {name} | {device} | {threads} | {t} | {m:.2} ± {s:.2} | {c} |");
         }
     }
     Ok(())

@@ -1,0 +1,308 @@
+//! Tensor-core absorbed MLA decode (`kernels/mla_decode.cu`): the contract of
+//! [`Gpu::attn_mqa`] — q_lat [T, N, L] f32, the rope part of q [T, N*(P+R)] f32, the paged bf16
+//! latent cache [slots, L+R], per-query key lists, a split of each key list over `splits`
+//! blocks and the LSE combine → o_lat [T, N, L] bf16 — on mma.sync m16n8k16 bf16 tensor cores.
+//!
+//! Invariants: the kernels are written for the latent row of DeepSeek-V2/V3 and GLM-5,
+//! L = kv_lora_rank = 512, R = qk_rope_head_dim = 64, and sm_80 or newer (bf16 mma, cp.async);
+//! [`Gpu::attn_mqa_tc`] runs the CUDA-core kernel for any other row or an older GPU. A block serves 16 or 32 heads of one token and one split, so
+//! the grid reads each cache row once per 16 (or 32) heads. Each block takes ~170-225 KB of
+//! shared memory: one block per SM, so the split count decides how well the SMs fill
+//! ([`Gpu::mqa_tc_splits`]). `part` [T*N*splits*L] and `lse` [T*N*splits] are scratch, as
+//! for [`Gpu::attn_mqa`].
+
+use crate::args;
+use crate::error::{CudaError, Result};
+use crate::gpu::Gpu;
+use crate::ops::{AttnDims, KeyLists};
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::LaunchConfig;
+
+/// kv_lora_rank the kernels are written for.
+pub const TC_L: usize = 512;
+/// qk_rope_head_dim the kernels are written for.
+pub const TC_R: usize = 64;
+const THREADS: u32 = 256;
+const TILE_BYTES: usize = 64 * 584 * 2; // 64 keys x (576 + 8 pad) bf16
+const ROW_BYTES: usize = 584 * 2;
+const P_ROW_BYTES: usize = 72 * 2;
+
+/// One compiled variant of the kernel (see mla_decode.cu).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MlaVariant {
+    /// 16 heads a block, 3 cp.async stages, Q held in registers.
+    M1S3Q,
+    /// 32 heads a block, 2 stages, Q in shared memory.
+    M2S2,
+    /// 16 heads a block, 2 stages, Q in shared memory.
+    M1S2,
+    /// 32 heads a block, 2 stages, S split over features: Q slices in registers, partial
+    /// scores summed in shared memory.
+    M2K,
+}
+
+impl MlaVariant {
+    pub const ALL: [MlaVariant; 4] = [
+        MlaVariant::M1S3Q,
+        MlaVariant::M2S2,
+        MlaVariant::M1S2,
+        MlaVariant::M2K,
+    ];
+
+    pub fn kernel(self) -> &'static str {
+        match self {
+            MlaVariant::M1S3Q => "mla_decode_m1s3q",
+            MlaVariant::M2S2 => "mla_decode_m2s2",
+            MlaVariant::M1S2 => "mla_decode_m1s2",
+            MlaVariant::M2K => "mla_decode_m2k",
+        }
+    }
+
+    /// Heads one block serves (16 per m-tile).
+    pub fn heads_per_block(self) -> usize {
+        match self {
+            MlaVariant::M2S2 | MlaVariant::M2K => 32,
+            _ => 16,
+        }
+    }
+
+    fn stages(self) -> usize {
+        match self {
+            MlaVariant::M1S3Q => 3,
+            _ => 2,
+        }
+    }
+
+    /// Dynamic shared memory of one block; mirrors the carving at the top of each kernel
+    /// body in mla_decode.cu.
+    pub fn smem_bytes(self) -> usize {
+        let rows = self.heads_per_block();
+        let tiles = self.stages() * TILE_BYTES;
+        let slots = self.stages() * 64 * 8;
+        let p = rows * P_ROW_BYTES;
+        match self {
+            // stages, partial S [4][rows][72] f32, P, per-row f32, slots
+            MlaVariant::M2K => tiles + 4 * rows * 72 * 4 + p + rows * 4 + slots,
+            // stages, Q (unless in registers), P, row maxima [8 warps][rows] f32, slots
+            MlaVariant::M1S3Q => tiles + p + 8 * rows * 4 + slots,
+            _ => tiles + rows * ROW_BYTES + p + 8 * rows * 4 + slots,
+        }
+    }
+
+    /// The default for a head count: 32 heads a block from 32 heads up (half the cache
+    /// reads of 16), else 16 heads with Q in registers and 3 stages in flight.
+    pub fn for_heads(heads: usize) -> Self {
+        if heads >= 32 {
+            MlaVariant::M2K
+        } else {
+            MlaVariant::M1S3Q
+        }
+    }
+}
+
+impl Gpu {
+    /// [`Gpu::attn_mqa`] on tensor cores where L = 512 and R = 64 on sm_80 or newer (variant
+    /// by head count), else on the CUDA-core kernel. Same arguments, same outputs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_mqa_tc(
+        &self,
+        d: &AttnDims,
+        q_lat: u64,
+        q: u64,
+        cache: u64,
+        keys: &KeyLists,
+        block_tables: u64,
+        bt_off: u64,
+        block_size: usize,
+        splits: usize,
+        part: u64,
+        lse: u64,
+        o_lat: u64,
+    ) -> Result<()> {
+        if d.l != TC_L || d.r != TC_R || matches!(self.arch, "sm_70" | "sm_75") {
+            return self.attn_mqa(
+                d,
+                q_lat,
+                q,
+                cache,
+                keys,
+                block_tables,
+                bt_off,
+                block_size,
+                splits,
+                part,
+                lse,
+                o_lat,
+            );
+        }
+        self.attn_mqa_tc_variant(
+            MlaVariant::for_heads(d.heads),
+            d,
+            q_lat,
+            q,
+            cache,
+            keys,
+            block_tables,
+            bt_off,
+            block_size,
+            splits,
+            part,
+            lse,
+            o_lat,
+        )
+    }
+
+    /// One named variant (the kernel lab and the op table run each).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_mqa_tc_variant(
+        &self,
+        v: MlaVariant,
+        d: &AttnDims,
+        q_lat: u64,
+        q: u64,
+        cache: u64,
+        keys: &KeyLists,
+        block_tables: u64,
+        bt_off: u64,
+        block_size: usize,
+        splits: usize,
+        part: u64,
+        lse: u64,
+        o_lat: u64,
+    ) -> Result<()> {
+        if d.l != TC_L || d.r != TC_R {
+            return Err(CudaError::Invalid(format!(
+                "tensor-core MLA decode needs a latent row of {TC_L}+{TC_R}, got {}+{}",
+                d.l, d.r
+            )));
+        }
+        if matches!(self.arch, "sm_70" | "sm_75") {
+            return Err(CudaError::Invalid(format!(
+                "tensor-core MLA decode needs sm_80 or newer, this GPU is {}",
+                self.arch
+            )));
+        }
+        if splits == 0 || block_size == 0 {
+            return Err(CudaError::Invalid(format!(
+                "MLA decode with {splits} splits and block size {block_size}"
+            )));
+        }
+        let groups = d.heads.div_ceil(v.heads_per_block());
+        let blocks = d.t * groups * splits;
+        if blocks > i32::MAX as usize {
+            return Err(CudaError::Invalid(format!(
+                "MLA decode grid of {blocks} blocks (T {} x groups {groups} x splits {splits})",
+                d.t
+            )));
+        }
+        let name = v.kernel();
+        let smem = v.smem_bytes();
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| CudaError::driver("bind", e))?;
+        self.func(name)?
+            .set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(|e| CudaError::driver(format!("{name}: {smem} bytes of shared memory"), e))?;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let (bs, nh, p, ns) = (
+            block_size as i32,
+            d.heads as i32,
+            d.p as i32,
+            splits as i32,
+        );
+        let scale_log2 = d.scale * std::f32::consts::LOG2_E;
+        let (nk, so, sp) = (keys.n_keys, keys.sel_off, keys.sel_pos);
+        self.launch(
+            name,
+            cfg,
+            &args![
+                q_lat,
+                q,
+                cache,
+                part,
+                lse,
+                nk,
+                so,
+                sp,
+                block_tables,
+                bt_off,
+                bs,
+                nh,
+                p,
+                ns,
+                scale_log2
+            ],
+        )?;
+        let l = d.l as i32;
+        self.launch(
+            "attn_mqa_combine",
+            Gpu::cfg(((d.t * d.heads) as u32, 1, 1), 256),
+            &args![part, lse, o_lat, ns, l],
+        )
+    }
+
+    /// A split count for [`Gpu::attn_mqa_tc`]: one block per SM runs at a time, so take the
+    /// count whose last wave fills the SMs best (fewest splits within 3% of the best), with
+    /// at least 256 keys a split and at most `max_splits`.
+    pub fn mqa_tc_splits(
+        &self,
+        t: usize,
+        heads: usize,
+        max_keys: usize,
+        max_splits: usize,
+    ) -> Result<usize> {
+        let sms = self
+            .ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| CudaError::driver("multiprocessor count", e))?
+            .max(1) as usize;
+        let groups = t.max(1) * heads.div_ceil(MlaVariant::for_heads(heads).heads_per_block());
+        Ok(pick_splits(groups, sms, max_keys, max_splits))
+    }
+}
+
+/// See [`Gpu::mqa_tc_splits`]; `units` = tokens x head groups.
+pub fn pick_splits(units: usize, sms: usize, max_keys: usize, max_splits: usize) -> usize {
+    let cap = max_splits.min(max_keys.div_ceil(256)).max(1);
+    let fill = |s: usize| {
+        let blocks = units * s;
+        blocks as f64 / (blocks.div_ceil(sms) * sms) as f64
+    };
+    let best = (1..=cap).map(fill).fold(0f64, f64::max);
+    (1..=cap)
+        .find(|&s| fill(s) >= best * 0.97)
+        .unwrap_or(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_fill_the_sms() {
+        // B=64, 16 heads, ctx 4096 on 132 SMs: 2 splits = 128 blocks, 97% of one wave.
+        assert_eq!(pick_splits(64, 132, 4096, 16), 2);
+        // B=128: one split already fills 97%.
+        assert_eq!(pick_splits(128, 132, 8192, 16), 1);
+        // Batch 1: as many splits as allowed, 256 keys each at least.
+        assert_eq!(pick_splits(1, 132, 4096, 16), 16);
+        assert_eq!(pick_splits(1, 132, 300, 16), 2);
+        assert_eq!(pick_splits(1, 132, 1, 16), 1);
+    }
+
+    #[test]
+    fn shared_memory_fits_one_block_per_sm() {
+        for v in MlaVariant::ALL {
+            assert!(v.smem_bytes() <= 227 * 1024, "{v:?}: {}", v.smem_bytes());
+        }
+        assert_eq!(MlaVariant::M1S3Q.smem_bytes(), 228_608);
+        assert_eq!(MlaVariant::M2K.smem_bytes(), 192_128);
+    }
+}

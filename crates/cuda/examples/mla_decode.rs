@@ -1,14 +1,16 @@
 //! Kernel lab: absorbed MLA decode at serving shapes — the CUDA-core kernel
 //! (`attn_mqa_split` + combine) and every tensor-core variant of `mla_decode.cu`, over a split
 //! sweep — on random inputs (bf16 cache in shuffled 64-row pages, f32 queries), timed with
-//! CUDA events (median of 20 after 3 warm-ups), reported as effective bandwidth (cache bytes
+//! CUDA events around batches of back-to-back launches (median of 7 batches of 10 after 3
+//! warm-ups; 3 of 3 for the slow CUDA-core kernel), reported as effective bandwidth (cache bytes
 //! + q + out over time) and TFLOP/s against the machine's measured ceilings (3,970 GB/s copy,
 //! 804 TFLOP/s bf16 GEMM; ../shared/design/gpu.md). Before timing, each tensor-core variant's
 //! output is compared with the CUDA-core kernel's on the same inputs (the op table checks
-//! both against the CPU; a variant past 2^-8 is reported and not timed) and with its own
+//! both against the CPU; a variant past 2^-7, one bf16 ulp of the largest output, is
+//! reported and not timed) and with its own
 //! second run (bit-exact, else reported: a race).
 //!
-//!     cargo run --release -p mlaserve-cuda --example mla_decode [-- --json out.json]
+//!     cargo run --release -p mlaserve-cuda --example mla_decode [-- --json out.json] [--no-bulk]
 
 use cudarc::driver::sys::{CUevent_flags, CUfunction_attribute};
 use mlaserve_cuda::mla_decode::MlaVariant;
@@ -59,21 +61,29 @@ fn rel_err(a: &[u16], b: &[u16]) -> f64 {
     num / den.max(f64::MIN_POSITIVE)
 }
 
-/// Median µs of `run` over 20 timed launches after 3 warm-ups.
-fn time_us(gpu: &Gpu, run: &dyn Fn() -> mlaserve_cuda::error::Result<()>) -> Result<f64, Box<dyn std::error::Error>> {
+/// µs per launch of `run`: `batches` batches of `per` back-to-back launches between two CUDA
+/// events (the host enqueues ahead, so launch latency stays out), after 3 warm-ups; median.
+fn time_us(
+    gpu: &Gpu,
+    run: &dyn Fn() -> mlaserve_cuda::error::Result<()>,
+    batches: usize,
+    per: usize,
+) -> Result<f64, Box<dyn std::error::Error>> {
     for _ in 0..3 {
         run()?;
     }
     gpu.sync()?;
     let mut times = Vec::new();
-    for _ in 0..20 {
+    for _ in 0..batches {
         let e0 = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         let e1 = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         e0.record(&gpu.stream)?;
-        run()?;
+        for _ in 0..per {
+            run()?;
+        }
         e1.record(&gpu.stream)?;
         e1.synchronize()?;
-        times.push(e0.elapsed_ms(&e1)? as f64 * 1e3);
+        times.push(e0.elapsed_ms(&e1)? as f64 * 1e3 / per as f64);
     }
     times.sort_by(|a, b| a.total_cmp(b));
     Ok(times[times.len() / 2])
@@ -82,9 +92,17 @@ fn time_us(gpu: &Gpu, run: &dyn Fn() -> mlaserve_cuda::error::Result<()>) -> Res
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let gpu = Gpu::new(0)?;
     let json = std::env::args().skip_while(|a| a != "--json").nth(1);
+    // --no-bulk leaves out the copy-engine variants (to time the rest if one of them hangs).
+    let no_bulk = std::env::args().any(|a| a == "--no-bulk");
+    let wanted = |v: MlaVariant| {
+        v.runs_on(gpu.arch) && !(no_bulk && matches!(v, MlaVariant::M1S3B | MlaVariant::M2KB))
+    };
     let (l, r, p, bs) = (512usize, 64usize, 128usize, 64usize);
     let mut kernels = Vec::new();
     for v in MlaVariant::ALL {
+        if !wanted(v) {
+            continue;
+        }
         let f = gpu.func(v.kernel())?;
         let regs = f.num_regs()?;
         let local = f.get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?;
@@ -160,12 +178,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 None => best.push((kernel, us, splits)),
             }
         };
-        for splits in [4usize, 16] {
-            let run = || gpu.attn_mqa(&dims, q_lat.ptr(), q.ptr(), cache.ptr(), &keys, bt.ptr(), bt_off.ptr(), bs, splits, part.ptr(), lse.ptr(), o_lat.ptr());
-            record("naive".into(), splits, time_us(&gpu, &run)?, None);
-        }
+        // The executor's split count for the CUDA-core kernel (keys / 256, at most 16).
+        let splits = ctx.div_ceil(256).clamp(1, 16);
+        let run = || gpu.attn_mqa(&dims, q_lat.ptr(), q.ptr(), cache.ptr(), &keys, bt.ptr(), bt_off.ptr(), bs, splits, part.ptr(), lse.ptr(), o_lat.ptr());
+        record("naive".into(), splits, time_us(&gpu, &run, 3, 3)?, None);
         for v in MlaVariant::ALL {
-            let mut sweep = vec![1usize, 2, 4, 8, 16];
+            if !wanted(v) {
+                continue;
+            }
+            let mut sweep = vec![1usize, 2, 4, 8];
             if !sweep.contains(&heuristic) {
                 sweep.push(heuristic);
             }
@@ -174,7 +195,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 gpu.write(&o_lat, 0, &vec![0xffffu16; b * heads * l])?;
                 run()?;
                 let err = rel_err(&gpu.to_host(&o_lat)?, &want);
-                if !(err <= 1.0 / 256.0) {
+                // Both outputs are rounded to bf16: one ulp apart is up to 2^-7 of the max.
+                if !(err <= 1.0 / 128.0) {
                     println!("B{b} H{heads} ctx{ctx} {v:?} splits {splits}: differs from the CUDA-core kernel by {err:.3e}; not timed");
                     failed.push(serde_json::json!({"batch": b, "heads": heads, "ctx": ctx, "kernel": format!("{v:?}"), "splits": splits, "rel_err_vs_cuda_core": err, "failed": true}));
                     continue;
@@ -186,7 +208,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     println!("B{b} H{heads} ctx{ctx} {v:?} splits {splits}: two runs differ (a race?)");
                     failed.push(serde_json::json!({"batch": b, "heads": heads, "ctx": ctx, "kernel": format!("{v:?}"), "splits": splits, "nondeterministic": true}));
                 }
-                record(format!("{v:?}"), splits, time_us(&gpu, &run)?, Some(err));
+                record(format!("{v:?}"), splits, time_us(&gpu, &run, 7, 10)?, Some(err));
             }
         }
         rows.extend(failed);

@@ -20,10 +20,13 @@
 //                     computes the partial S of keys 32kn..32kn+31; the 4 partials are summed
 //                     in shared memory by the softmax. Each K element is read from shared
 //                     memory once per block (m2s2 reads Q once per warp and per key group).
+//   mla_decode_m1s3b, mla_decode_m2kb: m1s3q and m2k with the cache rows brought in by the
+//                     sm_90 copy engine (cp.async.bulk, one per row, on a per-stage mbarrier)
+//                     instead of 16-byte cp.async from every thread (sm_90 and newer only).
 // Outputs as attn_mqa_split: part [T, N, NS, 512] normalized per split, lse [T, N, NS]
 // (natural log; -inf for an empty split). Heads past N in the last group are computed on
-// zero queries and never written. Below sm_80 (no bf16 mma, no cp.async) the kernels trap;
-// the host wrapper never launches them there.
+// zero queries and never written. Below sm_80 (no bf16 mma, no cp.async) the kernels trap,
+// and the copy-engine ones below sm_90; the host wrapper never launches them there.
 
 #define MLA_L 512
 #define MLA_R 64
@@ -127,35 +130,129 @@ __device__ __forceinline__ MlaWork mla_work(int rows, int nh, int ns, const int*
     return w;
 }
 
-// Slot of each key of tile `tile` into slots[tile % STAGES] (-1 past the split's end).
-template <int STAGES>
-__device__ __forceinline__ void mla_fill_slots(const MlaWork& w, int tile, const int* sel_pos,
-                                               int bs, i64* slots) {
-    if (threadIdx.x < MLA_BN) {
-        int kk = w.k0 + tile * MLA_BN + threadIdx.x;
-        i64 s = -1;
-        if (kk < w.k1) {
-            int pos = w.so < 0 ? kk : sel_pos[w.so + kk];
-            s = (i64)w.bt[pos / bs] * bs + pos % bs;
-        }
-        slots[(tile % STAGES) * MLA_BN + threadIdx.x] = s;
-    }
+// sm_90 copy engine: one bulk copy per cache row, completing on a per-stage mbarrier.
+__device__ __forceinline__ void mla_bar_init(unsigned bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+#else
+    __trap();
+#endif
 }
 
-// cp.async of tile `tile`'s cache rows into stage tile % STAGES; rows past the end zero-fill.
-template <int STAGES>
-__device__ __forceinline__ void mla_issue(int tile, const bf16* cache, const i64* slots,
-                                          unsigned kv) {
-    const int st = tile % STAGES;
-    const i64* sl = slots + st * MLA_BN;
-    const unsigned base = kv + st * MLA_TILE_BYTES;
-    for (int c = threadIdx.x; c < MLA_BN * MLA_CHUNKS; c += MLA_THREADS) {
-        int r = c / MLA_CHUNKS, col = c - r * MLA_CHUNKS;
-        i64 s = sl[r];
-        const bf16* src = cache + (s < 0 ? 0 : s) * MLA_W + col * 8;
-        mla_cp16(base + (r * MLA_ROW + col * 8) * 2, src, s < 0 ? 0 : 16);
-    }
+__device__ __forceinline__ void mla_bar_init_fence() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
 }
+
+__device__ __forceinline__ void mla_bar_expect(unsigned bar, unsigned bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+#endif
+}
+
+__device__ __forceinline__ void mla_bar_wait(unsigned bar, unsigned parity) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile(
+        "{\n .reg .pred P1;\n LAB_WAIT:\n"
+        " mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+        " @P1 bra DONE;\n bra LAB_WAIT;\n DONE:\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+#endif
+}
+
+__device__ __forceinline__ void mla_bulk(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+        "l"(src), "r"(bytes), "r"(bar)
+        : "memory");
+#endif
+}
+
+// Cache tiles into STAGES shared buffers. fill(tile) (threads 0..63, before the barrier that
+// precedes issue) computes the tile's slots; issue(tile) starts its copy; wait(tile) returns
+// once it has landed (for the calling thread: a barrier follows before other threads read).
+// cp.async: 16 bytes per thread and request, rows past the split's end zero-filled by the
+// copy. BULK (sm_90): warp 0 starts one copy-engine transfer per row (1,152 bytes) that
+// completes on the stage's mbarrier, and zero-fills rows past the end with plain stores.
+template <int STAGES, bool BULK>
+struct MlaLoader {
+    i64* slots;     // [STAGES][BN]
+    unsigned kv;    // stage 0 (shared address)
+    unsigned bars;  // [STAGES] mbarriers (shared address), BULK only
+
+    // By every thread before the block's first barrier.
+    __device__ __forceinline__ void init() const {
+        if (BULK && threadIdx.x == 0) {
+            for (int s = 0; s < STAGES; s++) mla_bar_init(bars + 8 * s);
+            mla_bar_init_fence();
+        }
+    }
+
+    __device__ __forceinline__ void fill(const MlaWork& w, int tile, const int* sel_pos, int bs) const {
+        if (threadIdx.x < MLA_BN) {
+            int kk = w.k0 + tile * MLA_BN + threadIdx.x;
+            i64 s = -1;
+            if (kk < w.k1) {
+                int pos = w.so < 0 ? kk : sel_pos[w.so + kk];
+                s = (i64)w.bt[pos / bs] * bs + pos % bs;
+            }
+            slots[(tile % STAGES) * MLA_BN + threadIdx.x] = s;
+        }
+    }
+
+    // Starts tile `tile` if it exists (every thread calls it; cp.async groups stay counted).
+    __device__ __forceinline__ void issue(const MlaWork& w, int tile, const bf16* cache) const {
+        const int st = tile % STAGES;
+        const i64* sl = slots + st * MLA_BN;
+        const unsigned base = kv + st * MLA_TILE_BYTES;
+        if constexpr (BULK) {
+            if (tile < w.ntiles && threadIdx.x < 32) {
+                const int cnt = min(MLA_BN, w.k1 - (w.k0 + tile * MLA_BN));
+                const unsigned bar = bars + 8 * st;
+                if (threadIdx.x == 0) mla_bar_expect(bar, (unsigned)cnt * (MLA_W * 2));
+                for (int r = threadIdx.x; r < MLA_BN; r += 32) {
+                    if (r < cnt) {
+                        mla_bulk(base + r * MLA_ROW * 2, cache + sl[r] * MLA_W, MLA_W * 2, bar);
+                    } else {
+                        for (int c = 0; c < MLA_CHUNKS; c++)
+                            asm volatile("st.shared.v4.u32 [%0], {%1,%1,%1,%1};\n" ::"r"(
+                                             base + (r * MLA_ROW + c * 8) * 2),
+                                         "r"(0u)
+                                         : "memory");
+                    }
+                }
+            }
+        } else {
+            if (tile < w.ntiles) {
+                for (int c = threadIdx.x; c < MLA_BN * MLA_CHUNKS; c += MLA_THREADS) {
+                    int r = c / MLA_CHUNKS, col = c - r * MLA_CHUNKS;
+                    i64 s = sl[r];
+                    const bf16* src = cache + (s < 0 ? 0 : s) * MLA_W + col * 8;
+                    mla_cp16(base + (r * MLA_ROW + col * 8) * 2, src, s < 0 ? 0 : 16);
+                }
+            }
+            mla_commit();
+        }
+    }
+
+    // Tile `tile` (the oldest in flight) has landed.
+    __device__ __forceinline__ void wait(int tile) const {
+        if constexpr (BULK) {
+            mla_bar_wait(bars + 8 * (tile % STAGES), (tile / STAGES) & 1);
+        } else {
+            mla_wait<STAGES - 2>();
+        }
+    }
+
+    __device__ __forceinline__ void drain() const {
+        if constexpr (!BULK) mla_wait<0>();
+    }
+};
 
 // O[MT m-tiles][8 n-tiles] += P · V for this warp's 64 columns; P [16*MT][PROW] bf16.
 template <int MT>
@@ -193,7 +290,7 @@ __device__ __forceinline__ void mla_store_row(float* part, const float (*o_mt)[4
         *(float2*)(dst + 8 * j) = make_float2(o_mt[j][2 * hh] * inv, o_mt[j][2 * hh + 1] * inv);
 }
 
-template <int MT, int STAGES, bool QREG>
+template <int MT, int STAGES, bool QREG, bool BULK>
 __device__ __forceinline__ void mla_decode_body(const float* q_lat, const float* q,
                                                 const bf16* cache, float* part, float* lse,
                                                 const int* n_keys, const int* sel_off,
@@ -208,6 +305,8 @@ __device__ __forceinline__ void mla_decode_body(const float* q_lat, const float*
     float* red = (float*)(p_s + ROWS * MLA_PROW);           // [WARPS][ROWS]
     i64* slots = (i64*)(red + MLA_WARPS * ROWS);            // [STAGES][BN]
     const unsigned kv = mla_smem(mla_sm);
+    const MlaLoader<STAGES, BULK> ld{slots, kv, mla_smem(slots + STAGES * MLA_BN)};
+    ld.init();
 
     const MlaWork wk = mla_work(ROWS, nh, ns, n_keys, sel_off, block_tables, bt_off);
     const int t = wk.t, h0 = wk.h0;
@@ -248,22 +347,18 @@ __device__ __forceinline__ void mla_decode_body(const float* q_lat, const float*
     }
 
     for (int j = 0; j < STAGES - 1; j++)
-        if (j < wk.ntiles) mla_fill_slots<STAGES>(wk, j, sel_pos, bs, slots);
-    __syncthreads();  // slots and q_s visible
-    for (int j = 0; j < STAGES - 1; j++) {
-        if (j < wk.ntiles) mla_issue<STAGES>(j, cache, slots, kv);
-        mla_commit();
-    }
+        if (j < wk.ntiles) ld.fill(wk, j, sel_pos, bs);
+    __syncthreads();  // slots, barriers and q_s visible
+    for (int j = 0; j < STAGES - 1; j++) ld.issue(wk, j, cache);
 
     const unsigned k_lane = ((8 * warp + (lane & 7)) * MLA_ROW + (lane >> 3) * 8) * 2;
     const unsigned q_lane = mla_smem(q_s) + ((lane & 15) * MLA_ROW + (lane >> 4) * 8) * 2;
 
     for (int i = 0; i < wk.ntiles; i++) {
-        if (i + STAGES - 1 < wk.ntiles) mla_fill_slots<STAGES>(wk, i + STAGES - 1, sel_pos, bs, slots);
-        mla_wait<STAGES - 2>();
+        if (i + STAGES - 1 < wk.ntiles) ld.fill(wk, i + STAGES - 1, sel_pos, bs);
+        ld.wait(i);
         __syncthreads();  // tile i landed for all; tile i-1's stage, P and red are free
-        if (i + STAGES - 1 < wk.ntiles) mla_issue<STAGES>(i + STAGES - 1, cache, slots, kv);
-        mla_commit();
+        ld.issue(wk, i + STAGES - 1, cache);
 
         const int cnt = min(MLA_BN, wk.k1 - (wk.k0 + i * MLA_BN));
         const unsigned tile = kv + (i % STAGES) * MLA_TILE_BYTES;
@@ -341,7 +436,7 @@ __device__ __forceinline__ void mla_decode_body(const float* q_lat, const float*
 
         mla_pv<MT>(o, mla_smem(p_s), tile);
     }
-    mla_wait<0>();
+    ld.drain();
 
     // Row sums: the quad's lanes, then the 8 warps (every thread has passed the last
     // reader of `red`: the barrier before P·V).
@@ -372,6 +467,7 @@ __device__ __forceinline__ void mla_decode_body(const float* q_lat, const float*
 }
 
 // 32 heads, S split over features (see the file comment). 2 stages.
+template <bool BULK>
 __device__ __forceinline__ void mla_decode_ksplit(const float* q_lat, const float* q,
                                                   const bf16* cache, float* part, float* lse,
                                                   const int* n_keys, const int* sel_off,
@@ -385,6 +481,8 @@ __device__ __forceinline__ void mla_decode_ksplit(const float* q_lat, const floa
     float* row_s = (float*)(p_s + ROWS * MLA_PROW);              // [ROWS]: alpha, then l
     i64* slots = (i64*)(row_s + ROWS);                           // [STAGES][BN]
     const unsigned kv = mla_smem(mla_sm);
+    const MlaLoader<STAGES, BULK> ld{slots, kv, mla_smem(slots + STAGES * MLA_BN)};
+    ld.init();
 
     const MlaWork wk = mla_work(ROWS, nh, ns, n_keys, sel_off, block_tables, bt_off);
     const int t = wk.t, h0 = wk.h0;
@@ -415,21 +513,19 @@ __device__ __forceinline__ void mla_decode_ksplit(const float* q_lat, const floa
             for (int e = 0; e < 4; e++) o[mt][j][e] = 0.f;
     float m_row = -INFINITY, l_row = 0.f;  // of row srow, same in its 8 threads
 
-    if (0 < wk.ntiles) mla_fill_slots<STAGES>(wk, 0, sel_pos, bs, slots);
-    __syncthreads();
-    if (0 < wk.ntiles) mla_issue<STAGES>(0, cache, slots, kv);
-    mla_commit();
+    if (0 < wk.ntiles) ld.fill(wk, 0, sel_pos, bs);
+    __syncthreads();  // slots and barriers visible
+    ld.issue(wk, 0, cache);
 
     // ldmatrix.x4 of two n-tiles' B fragments: lanes 0-15 keys of n-tile 2np, 16-31 of 2np+1.
     const unsigned k_lane =
         ((32 * kn + 8 * (lane >> 4) + (lane & 7)) * MLA_ROW + ((lane >> 3) & 1) * 8) * 2;
 
     for (int i = 0; i < wk.ntiles; i++) {
-        if (i + 1 < wk.ntiles) mla_fill_slots<STAGES>(wk, i + 1, sel_pos, bs, slots);
-        mla_wait<0>();
+        if (i + 1 < wk.ntiles) ld.fill(wk, i + 1, sel_pos, bs);
+        ld.wait(i);
         __syncthreads();  // tile i landed; tile i-1's stage, P, partials and row_s are free
-        if (i + 1 < wk.ntiles) mla_issue<STAGES>(i + 1, cache, slots, kv);
-        mla_commit();
+        ld.issue(wk, i + 1, cache);
 
         const int cnt = min(MLA_BN, wk.k1 - (wk.k0 + i * MLA_BN));
         const unsigned tile = kv + (i % STAGES) * MLA_TILE_BYTES;
@@ -521,7 +617,7 @@ __device__ __forceinline__ void mla_decode_ksplit(const float* q_lat, const floa
             }
         mla_pv<2>(o, mla_smem(p_s), tile);
     }
-    mla_wait<0>();
+    ld.drain();
 
     // Row sums over the row's 8 threads; row_s is free once every thread passed the barrier
     // below (the last readers of alpha read it before their P·V).
@@ -562,16 +658,27 @@ __device__ __forceinline__ void mla_decode_ksplit(const float* q_lat, const floa
 #else
 #define MLA_CALL(BODY) __trap();
 #endif
+#if defined(MLA_TC) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900)
+#define MLA_CALL90(BODY) BODY(MLA_ARGS);
+#else
+#define MLA_CALL90(BODY) __trap();
+#endif
 
 extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_m1s3q(MLA_PARAMS) {
-    MLA_CALL((mla_decode_body<1, 3, true>))
+    MLA_CALL((mla_decode_body<1, 3, true, false>))
 }
 extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_m2s2(MLA_PARAMS) {
-    MLA_CALL((mla_decode_body<2, 2, false>))
+    MLA_CALL((mla_decode_body<2, 2, false, false>))
 }
 extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_m1s2(MLA_PARAMS) {
-    MLA_CALL((mla_decode_body<1, 2, false>))
+    MLA_CALL((mla_decode_body<1, 2, false, false>))
 }
 extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_m2k(MLA_PARAMS) {
-    MLA_CALL(mla_decode_ksplit)
+    MLA_CALL(mla_decode_ksplit<false>)
+}
+extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_m1s3b(MLA_PARAMS) {
+    MLA_CALL90((mla_decode_body<1, 3, true, true>))
+}
+extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_m2kb(MLA_PARAMS) {
+    MLA_CALL90(mla_decode_ksplit<true>)
 }

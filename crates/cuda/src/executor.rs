@@ -22,11 +22,16 @@
 use crate::error::{CudaError, Result};
 use crate::gpu::{DBuf, Gpu};
 use crate::nccl::NcclComm;
-use crate::ops::{AttnDims, Gemm, GemmType, KeyLists};
+use crate::ops::{AttnDims, Gemm, GemmType, KeyLists, RouteCfg};
 use crate::weights::{GFfn, GLayer, GMat, GMlp, GMoe, GWeights};
 use mlaserve_model::layers::{dsa::top_k, ffn::route, rope::Rope};
 use mlaserve_model::{AttentionPath, Executor, ForwardBatch, Model, ModelConfig, ModelError};
 use std::sync::Arc;
+
+/// Batches of at most this many tokens route on the GPU and run the experts as GEMVs over
+/// (token, slot) pairs; larger ones gather rows per expert for cuBLAS GEMMs (each active
+/// expert's weights read once).
+const MOE_GEMV_MAX_TOKENS: usize = 4;
 
 /// The bf16 latent cache (and f32 DSA index keys) of every layer.
 struct GpuCache {
@@ -60,8 +65,79 @@ fn gemm_bf16(gpu: &Gpu, m: usize, x: u64, w: &GMat, out: u64, acc: bool) -> Resu
     gpu.gemm(&if acc { g.accumulate() } else { g })
 }
 
+/// Per-query key lists of one step on the device (see attention.cu): which keys each token
+/// attends to, on which path, and the positions the unabsorbed path decompresses.
+struct KeyListSet {
+    /// [T] keys of unabsorbed-path tokens (0 for absorbed ones).
+    n_mha: DBuf<i32>,
+    /// [T] keys of absorbed-path tokens (0 for unabsorbed ones).
+    n_mqa: DBuf<i32>,
+    /// [T] offset into sel_pos, or -1 (dense causal).
+    sel_off: DBuf<i32>,
+    sel_pos: DBuf<i32>,
+    /// [T] first row of the token's sequence in the decompressed K/V.
+    kv_base: DBuf<i32>,
+    /// [S] cache slots of every position of the unabsorbed sequences, in order.
+    mha_slots: DBuf<i64>,
+    max_mqa: usize,
+}
+
+impl KeyListSet {
+    /// `selected[t]`: DSA's positions for token t, or None (all positions <= its own).
+    fn build(gpu: &Gpu, batch: &ForwardBatch, selected: &[Option<Vec<usize>>]) -> Result<Self> {
+        let t = batch.num_tokens();
+        let mut n_mha = vec![0i32; t];
+        let mut n_mqa = vec![0i32; t];
+        let mut sel_off = vec![-1i32; t];
+        let mut sel_pos: Vec<i32> = Vec::new();
+        let mut kv_base = vec![0i32; t];
+        let mut mha_slots: Vec<i64> = Vec::new();
+        let bs = batch.block_size;
+        for (s, seq) in batch.seqs.iter().enumerate() {
+            let (a, b) = (batch.seq_starts[s], batch.seq_starts[s + 1]);
+            let decode = batch.is_decode[a];
+            let base = mha_slots.len() as i32;
+            if !decode {
+                for pos in 0..seq.context_len + (b - a) {
+                    mha_slots.push((seq.block_table[pos / bs] as usize * bs + pos % bs) as i64);
+                }
+            }
+            for ti in a..b {
+                let count = match &selected[ti] {
+                    Some(sel) => {
+                        sel_off[ti] = sel_pos.len() as i32;
+                        sel_pos.extend(sel.iter().map(|&j| j as i32));
+                        sel.len()
+                    }
+                    None => batch.positions[ti] + 1,
+                } as i32;
+                if decode {
+                    n_mqa[ti] = count;
+                } else {
+                    n_mha[ti] = count;
+                    kv_base[ti] = base;
+                }
+            }
+        }
+        if sel_pos.is_empty() {
+            sel_pos.push(0);
+        }
+        Ok(Self {
+            max_mqa: n_mqa.iter().copied().max().unwrap_or(0) as usize,
+            n_mha: gpu.upload(&n_mha)?,
+            n_mqa: gpu.upload(&n_mqa)?,
+            sel_off: gpu.upload(&sel_off)?,
+            sel_pos: gpu.upload(&sel_pos)?,
+            kv_base: gpu.upload(&kv_base)?,
+            mha_slots: gpu.upload(&mha_slots)?,
+        })
+    }
+}
+
 /// Per-step host arrays uploaded once.
 struct StepInputs {
+    /// Key lists of layers without a DSA selection (all of them for DeepSeek).
+    dense: KeyListSet,
     tokens: DBuf<u32>,
     slots: DBuf<i64>,
     cos: DBuf<f32>,
@@ -195,6 +271,7 @@ impl CudaExecutor {
         }
         let slots: Vec<i64> = batch.slot_mapping.iter().map(|&s| s as i64).collect();
         Ok(StepInputs {
+            dense: KeyListSet::build(gpu, batch, &vec![None; t])?,
             tokens: gpu.upload(&batch.tokens)?,
             slots: gpu.upload(&slots)?,
             cos: gpu.upload(&cos)?,
@@ -319,6 +396,9 @@ impl CudaExecutor {
             m.router.ptr(),
             logits.ptr(),
         ))?;
+        if t <= MOE_GEMV_MAX_TOKENS && !m.experts.is_empty() {
+            return self.moe_small(m, mc, t, &logits, hnb, out);
+        }
         let logits = gpu.to_host(&logits)?;
         // Rows grouped by expert: rows_of[e] = (token, slot j in its top-k).
         let mut by_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e];
@@ -369,6 +449,50 @@ impl CudaExecutor {
         let row_d = gpu.upload(&row_of)?;
         let w_d = gpu.upload(&weights)?;
         gpu.moe_combine(t, out, ye.ptr(), row_d.ptr(), w_d.ptr(), k, h)?;
+        if let Some(sh) = &m.shared {
+            self.mlp(sh, t, hnb.ptr(), out)?;
+        }
+        Ok(())
+    }
+
+    /// Small batches: routing on the GPU and one expert GEMV launch per projection over all
+    /// (token, slot) pairs — no host round trip, no launch per expert.
+    fn moe_small(
+        &self,
+        m: &GMoe,
+        mc: &mlaserve_model::MoeConfig,
+        t: usize,
+        logits: &DBuf<f32>,
+        hnb: &DBuf<u16>,
+        out: u64,
+    ) -> Result<()> {
+        let gpu = &self.gpu;
+        let (h, k, f) = (self.model.config().hidden_size, mc.top_k, m.experts[0].f);
+        let pairs = t * k;
+        let ids = gpu.alloc::<i32>(pairs)?;
+        let w = gpu.alloc::<f32>(pairs)?;
+        let rc = RouteCfg {
+            experts: m.num_experts,
+            top_k: k,
+            gating: match mc.gating {
+                mlaserve_model::Gating::Softmax => 0,
+                mlaserve_model::Gating::Sigmoid => 1,
+            },
+            n_group: mc.n_group,
+            topk_group: mc.topk_group,
+            norm: mc.norm_topk_prob,
+            scale: mc.routed_scaling_factor,
+        };
+        let bias = m.bias_dev.as_ref().map_or(0, |b| b.ptr());
+        gpu.moe_route(t, logits.ptr(), bias, &rc, ids.ptr(), w.ptr())?;
+        let held = m.experts.len();
+        let gu = gpu.alloc::<f32>(pairs * 2 * f)?;
+        gpu.moe_gemv(pairs, m.gate_up_ptrs.ptr(), m.first_expert, held, ids.ptr(), hnb.ptr(), k, h, 2 * f, gu.ptr())?;
+        let act = gpu.alloc::<u16>(pairs * f)?;
+        gpu.silu_mul(gu.ptr(), act.ptr(), f, pairs)?;
+        let y = gpu.alloc::<f32>(pairs * h)?;
+        gpu.moe_gemv(pairs, m.down_ptrs.ptr(), m.first_expert, held, ids.ptr(), act.ptr(), 1, f, h, y.ptr())?;
+        gpu.moe_combine_pairs(t, out, y.ptr(), w.ptr(), k, h)?;
         if let Some(sh) = &m.shared {
             self.mlp(sh, t, hnb.ptr(), out)?;
         }
@@ -453,44 +577,14 @@ impl CudaExecutor {
             }
             _ => vec![None; t],
         };
-        let mut n_mha = vec![0i32; t];
-        let mut n_mqa = vec![0i32; t];
-        let mut sel_off = vec![-1i32; t];
-        let mut sel_pos: Vec<i32> = Vec::new();
-        let mut kv_base = vec![0i32; t];
-        let mut mha_slots: Vec<i64> = Vec::new();
+        let per_layer;
+        let lists = if selected.iter().all(Option::is_none) {
+            &inp.dense
+        } else {
+            per_layer = KeyListSet::build(gpu, batch, &selected)?;
+            &per_layer
+        };
         let bs = batch.block_size;
-        for (s, seq) in batch.seqs.iter().enumerate() {
-            let (a, b) = (batch.seq_starts[s], batch.seq_starts[s + 1]);
-            let decode = batch.is_decode[a];
-            let base = mha_slots.len() as i32;
-            if !decode {
-                for pos in 0..seq.context_len + (b - a) {
-                    mha_slots.push((seq.block_table[pos / bs] as usize * bs + pos % bs) as i64);
-                }
-            }
-            for ti in a..b {
-                let count = match &selected[ti] {
-                    Some(sel) => {
-                        sel_off[ti] = sel_pos.len() as i32;
-                        sel_pos.extend(sel.iter().map(|&j| j as i32));
-                        sel.len()
-                    }
-                    None => batch.positions[ti] + 1,
-                } as i32;
-                if decode {
-                    n_mqa[ti] = count;
-                } else {
-                    n_mha[ti] = count;
-                    kv_base[ti] = base;
-                }
-            }
-        }
-        if sel_pos.is_empty() {
-            sel_pos.push(0);
-        }
-        let sel_off_d = gpu.upload(&sel_off)?;
-        let sel_pos_d = gpu.upload(&sel_pos)?;
         let dims = AttnDims {
             t,
             heads: n,
@@ -503,11 +597,10 @@ impl CudaExecutor {
         // attn_out [T, N*V]: the MHA kernel writes every row (zeros for absorbed tokens),
         // the absorbed path then accumulates its rows.
         let attn_out = gpu.alloc::<f32>(t * n * v)?;
-        let n_mha_d = gpu.upload(&n_mha)?;
         // Unabsorbed sequences: their positions decompressed [S, N*P] / [S, N*V].
-        let s_total = mha_slots.len();
+        let s_total = lists.mha_slots.len();
         let mha = if s_total > 0 {
-            let slots_d = gpu.upload(&mha_slots)?;
+            let slots_d = &lists.mha_slots;
             let kvc = gpu.alloc::<u16>(s_total * l)?;
             let kpe = gpu.alloc::<f32>(s_total * r)?;
             gpu.gather_latent(
@@ -530,11 +623,10 @@ impl CudaExecutor {
         let (kpe_p, kn_p, v_p) = mha
             .as_ref()
             .map_or((0, 0, 0), |(a, b, c)| (a.ptr(), b.ptr(), c.ptr()));
-        let kv_base_d = gpu.upload(&kv_base)?;
         let keys = KeyLists {
-            n_keys: n_mha_d.ptr(),
-            sel_off: sel_off_d.ptr(),
-            sel_pos: sel_pos_d.ptr(),
+            n_keys: lists.n_mha.ptr(),
+            sel_off: lists.sel_off.ptr(),
+            sel_pos: lists.sel_pos.ptr(),
         };
         gpu.attn_mha(
             &dims,
@@ -544,9 +636,9 @@ impl CudaExecutor {
             v_p,
             attn_out.ptr(),
             &keys,
-            kv_base_d.ptr(),
+            lists.kv_base.ptr(),
         )?;
-        let max_mqa = n_mqa.iter().copied().max().unwrap_or(0) as usize;
+        let max_mqa = lists.max_mqa;
         if max_mqa > 0 {
             let qb = gpu.alloc::<u16>(t * n * qk)?;
             gpu.to_bf16(q.ptr(), qb.ptr(), t * n * qk)?;
@@ -572,11 +664,10 @@ impl CudaExecutor {
             let part = gpu.alloc::<f32>(t * n * splits * l)?;
             let lse = gpu.alloc::<f32>(t * n * splits)?;
             let o_lat = gpu.alloc::<u16>(t * n * l)?;
-            let n_mqa_d = gpu.upload(&n_mqa)?;
             let keys = KeyLists {
-                n_keys: n_mqa_d.ptr(),
-                sel_off: sel_off_d.ptr(),
-                sel_pos: sel_pos_d.ptr(),
+                n_keys: lists.n_mqa.ptr(),
+                sel_off: lists.sel_off.ptr(),
+                sel_pos: lists.sel_pos.ptr(),
             };
             gpu.attn_mqa(
                 &dims,

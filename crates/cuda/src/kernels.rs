@@ -12,11 +12,15 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/common.cuh"),
     include_str!("../kernels/elementwise.cu"),
     include_str!("../kernels/attention.cu"),
+    include_str!("../kernels/moe.cu"),
     include_str!("../kernels/mla_decode.cu"),
 );
 
 /// Kernel names exported by [`SOURCE`] (each is loaded at start, so a missing one fails early).
 pub const NAMES: &[&str] = &[
+    "moe_route",
+    "moe_gemv",
+    "moe_combine_pairs",
     "add_f32",
     "embed_bf16",
     "f32_to_bf16",
@@ -37,6 +41,8 @@ pub const NAMES: &[&str] = &[
     "mla_decode_m2s2",
     "mla_decode_m1s2",
     "mla_decode_m2k",
+    "mla_decode_m1s3b",
+    "mla_decode_m2kb",
 ];
 
 /// NVRTC's name for a compute capability.

@@ -39,14 +39,20 @@ pub enum MlaVariant {
     /// 32 heads a block, 2 stages, S split over features: Q slices in registers, partial
     /// scores summed in shared memory.
     M2K,
+    /// M1S3Q with the cache rows copied by the sm_90 copy engine (cp.async.bulk + mbarrier).
+    M1S3B,
+    /// M2K with the cache rows copied by the sm_90 copy engine.
+    M2KB,
 }
 
 impl MlaVariant {
-    pub const ALL: [MlaVariant; 4] = [
+    pub const ALL: [MlaVariant; 6] = [
         MlaVariant::M1S3Q,
         MlaVariant::M2S2,
         MlaVariant::M1S2,
         MlaVariant::M2K,
+        MlaVariant::M1S3B,
+        MlaVariant::M2KB,
     ];
 
     pub fn kernel(self) -> &'static str {
@@ -55,20 +61,36 @@ impl MlaVariant {
             MlaVariant::M2S2 => "mla_decode_m2s2",
             MlaVariant::M1S2 => "mla_decode_m1s2",
             MlaVariant::M2K => "mla_decode_m2k",
+            MlaVariant::M1S3B => "mla_decode_m1s3b",
+            MlaVariant::M2KB => "mla_decode_m2kb",
         }
     }
 
     /// Heads one block serves (16 per m-tile).
     pub fn heads_per_block(self) -> usize {
         match self {
-            MlaVariant::M2S2 | MlaVariant::M2K => 32,
+            MlaVariant::M2S2 | MlaVariant::M2K | MlaVariant::M2KB => 32,
             _ => 16,
+        }
+    }
+
+    /// Whether a GPU of NVRTC arch `arch` runs this variant: bf16 mma and cp.async need
+    /// sm_80, the copy-engine variants sm_90.
+    pub fn runs_on(self, arch: &str) -> bool {
+        let sm: u32 = arch
+            .trim_start_matches("sm_")
+            .trim_end_matches('a')
+            .parse()
+            .unwrap_or(0);
+        match self {
+            MlaVariant::M1S3B | MlaVariant::M2KB => sm >= 90,
+            _ => sm >= 80,
         }
     }
 
     fn stages(self) -> usize {
         match self {
-            MlaVariant::M1S3Q => 3,
+            MlaVariant::M1S3Q | MlaVariant::M1S3B => 3,
             _ => 2,
         }
     }
@@ -78,24 +100,27 @@ impl MlaVariant {
     pub fn smem_bytes(self) -> usize {
         let rows = self.heads_per_block();
         let tiles = self.stages() * TILE_BYTES;
-        let slots = self.stages() * 64 * 8;
+        let slots = self.stages() * (64 * 8 + 8); // slots and one mbarrier per stage
         let p = rows * P_ROW_BYTES;
         match self {
             // stages, partial S [4][rows][72] f32, P, per-row f32, slots
-            MlaVariant::M2K => tiles + 4 * rows * 72 * 4 + p + rows * 4 + slots,
+            MlaVariant::M2K | MlaVariant::M2KB => tiles + 4 * rows * 72 * 4 + p + rows * 4 + slots,
             // stages, Q (unless in registers), P, row maxima [8 warps][rows] f32, slots
-            MlaVariant::M1S3Q => tiles + p + 8 * rows * 4 + slots,
+            MlaVariant::M1S3Q | MlaVariant::M1S3B => tiles + p + 8 * rows * 4 + slots,
             _ => tiles + rows * ROW_BYTES + p + 8 * rows * 4 + slots,
         }
     }
 
-    /// The default for a head count: 32 heads a block from 32 heads up (half the cache
-    /// reads of 16), else 16 heads with Q in registers and 3 stages in flight.
-    pub fn for_heads(heads: usize) -> Self {
-        if heads >= 32 {
-            MlaVariant::M2K
-        } else {
-            MlaVariant::M1S3Q
+    /// The default for a head count on a GPU of NVRTC arch `arch` (sm_80 or newer): 32
+    /// heads a block from 32 heads up (half the cache reads of 16), else 16 heads with Q in
+    /// registers and 3 stages in flight; the copy engine on sm_90 and newer.
+    pub fn for_heads(heads: usize, arch: &str) -> Self {
+        let bulk = MlaVariant::M1S3B.runs_on(arch);
+        match (heads >= 32, bulk) {
+            (true, true) => MlaVariant::M2KB,
+            (true, false) => MlaVariant::M2K,
+            (false, true) => MlaVariant::M1S3B,
+            (false, false) => MlaVariant::M1S3Q,
         }
     }
 }
@@ -119,7 +144,7 @@ impl Gpu {
         lse: u64,
         o_lat: u64,
     ) -> Result<()> {
-        if d.l != TC_L || d.r != TC_R || matches!(self.arch, "sm_70" | "sm_75") {
+        if d.l != TC_L || d.r != TC_R || !MlaVariant::M1S3Q.runs_on(self.arch) {
             return self.attn_mqa(
                 d,
                 q_lat,
@@ -136,7 +161,7 @@ impl Gpu {
             );
         }
         self.attn_mqa_tc_variant(
-            MlaVariant::for_heads(d.heads),
+            MlaVariant::for_heads(d.heads, self.arch),
             d,
             q_lat,
             q,
@@ -176,9 +201,9 @@ impl Gpu {
                 d.l, d.r
             )));
         }
-        if matches!(self.arch, "sm_70" | "sm_75") {
+        if !v.runs_on(self.arch) {
             return Err(CudaError::Invalid(format!(
-                "tensor-core MLA decode needs sm_80 or newer, this GPU is {}",
+                "MLA decode variant {v:?} does not run on this GPU ({})",
                 self.arch
             )));
         }
@@ -263,7 +288,8 @@ impl Gpu {
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| CudaError::driver("multiprocessor count", e))?
             .max(1) as usize;
-        let groups = t.max(1) * heads.div_ceil(MlaVariant::for_heads(heads).heads_per_block());
+        let v = MlaVariant::for_heads(heads, self.arch);
+        let groups = t.max(1) * heads.div_ceil(v.heads_per_block());
         Ok(pick_splits(groups, sms, max_keys, max_splits))
     }
 }
@@ -302,7 +328,16 @@ mod tests {
         for v in MlaVariant::ALL {
             assert!(v.smem_bytes() <= 227 * 1024, "{v:?}: {}", v.smem_bytes());
         }
-        assert_eq!(MlaVariant::M1S3Q.smem_bytes(), 228_608);
-        assert_eq!(MlaVariant::M2K.smem_bytes(), 192_128);
+        assert_eq!(MlaVariant::M1S3Q.smem_bytes(), 228_608 + 24);
+        assert_eq!(MlaVariant::M2K.smem_bytes(), 192_128 + 16);
+    }
+
+    #[test]
+    fn variants_by_arch() {
+        assert!(MlaVariant::M1S3B.runs_on("sm_90") && MlaVariant::M1S3B.runs_on("sm_120"));
+        assert!(!MlaVariant::M1S3B.runs_on("sm_89") && MlaVariant::M1S3Q.runs_on("sm_80"));
+        assert!(!MlaVariant::M1S3Q.runs_on("sm_75"));
+        assert_eq!(MlaVariant::for_heads(16, "sm_90"), MlaVariant::M1S3B);
+        assert_eq!(MlaVariant::for_heads(128, "sm_86"), MlaVariant::M2K);
     }
 }

@@ -81,6 +81,11 @@ pub struct GMoe {
     pub correction_bias: Option<Vec<f32>>,
     pub experts: Vec<GMlp>,
     pub shared: Option<GMlp>,
+    /// [experts.len()] device pointers of each held expert's gate_up / down (GEMV path).
+    pub gate_up_ptrs: DBuf<u64>,
+    pub down_ptrs: DBuf<u64>,
+    /// The selection-only bias on the device (GPU routing), if any.
+    pub bias_dev: Option<DBuf<f32>>,
 }
 
 pub enum GFfn {
@@ -154,16 +159,18 @@ fn indexer(gpu: &Gpu, w: &IndexerWeights) -> Result<GIndexer> {
 }
 
 fn moe(gpu: &Gpu, m: &Moe) -> Result<GMoe> {
+    let experts: Vec<GMlp> = m.experts.iter().map(|e| mlp(gpu, e)).collect::<Result<_>>()?;
+    let gu: Vec<u64> = experts.iter().map(|e| e.gate_up.w.ptr()).collect();
+    let dn: Vec<u64> = experts.iter().map(|e| e.down.w.ptr()).collect();
     Ok(GMoe {
         router: gpu.upload(&m.router.to_f32())?,
         num_experts: m.router.rows,
         first_expert: m.first_expert,
         correction_bias: m.correction_bias.clone(),
-        experts: m
-            .experts
-            .iter()
-            .map(|e| mlp(gpu, e))
-            .collect::<Result<_>>()?,
+        bias_dev: m.correction_bias.as_ref().map(|b| gpu.upload(b)).transpose()?,
+        gate_up_ptrs: gpu.upload(&gu)?,
+        down_ptrs: gpu.upload(&dn)?,
+        experts,
         shared: m.shared.as_ref().map(|s| mlp(gpu, s)).transpose()?,
     })
 }

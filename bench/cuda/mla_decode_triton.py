@@ -12,7 +12,7 @@ triton.testing.do_bench (median, L2 flushed before each launch).
 Bytes and FLOPs as in the lab: cache rows + q (576 f32 per head) + out (512 bf16 per head);
 2*B*H*ctx*(576+512).
 
-    python3 bench/cuda/mla_decode_triton.py [--json out.json]
+    python3 bench/cuda/mla_decode_triton.py [--json out.json] [--splits 4 8 16]
 """
 
 import argparse
@@ -91,6 +91,7 @@ def time_events(fn, batches=7, per=10):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
+    ap.add_argument("--splits", type=int, nargs="+", default=[4, 8, 16])
     args = ap.parse_args()
     scale = (128 + 64) ** -0.5
     checks = []
@@ -108,7 +109,7 @@ def main():
         nbytes = b * ctx * W * 2 + b * h * W * 4 + b * h * L * 2
         flops = 2 * b * h * ctx * (W + L)
         best = None
-        for splits in (4, 8, 16):
+        for splits in args.splits:
             fn, _ = run(kv, rt, q, seq, splits, scale)
             us = time_events(fn)
             us_bench = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3

@@ -162,7 +162,15 @@ fn run(cli: Cli) -> Result<()> {
             let path = model.unwrap_or_else(default_model);
             let mut exec = device::load_executor(&path, &device, &LoadOptions::default())?;
             let name = path.display().to_string();
-            cmd::bench::run(exec.as_mut(), &name, n_prompt, n_gen, &batch, reps.max(1), json)
+            cmd::bench::run(
+                exec.as_mut(),
+                &name,
+                n_prompt,
+                n_gen,
+                &batch,
+                reps.max(1),
+                json,
+            )
         }
     }
 }

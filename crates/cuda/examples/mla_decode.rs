@@ -2,15 +2,18 @@
 //! (`attn_mqa_split` + combine) and every tensor-core variant of `mla_decode.cu`, over a split
 //! sweep — on random inputs (bf16 cache in shuffled 64-row pages, f32 queries), timed with
 //! CUDA events around batches of back-to-back launches (median of 7 batches of 10 after 3
-//! warm-ups; 3 of 3 for the slow CUDA-core kernel), reported as effective bandwidth (cache bytes
-//! + q + out over time) and TFLOP/s against the machine's measured ceilings (3,970 GB/s copy,
-//! 804 TFLOP/s bf16 GEMM; ../shared/design/gpu.md). Before timing, each tensor-core variant's
-//! output is compared with the CUDA-core kernel's on the same inputs (the op table checks
-//! both against the CPU; a variant past 2^-7, one bf16 ulp of the largest output, is
-//! reported and not timed) and with its own
-//! second run (bit-exact, else reported: a race).
+//! warm-ups; 3 of 3 for the slow CUDA-core kernel). Reported as effective bandwidth (bytes of
+//! cache rows, q and out over time) and TFLOP/s against the machine's measured ceilings
+//! (3,970 GB/s copy, 804 TFLOP/s bf16 GEMM; ../shared/design/gpu.md). Before timing, each
+//! tensor-core variant's output is compared with the CUDA-core kernel's on the same inputs
+//! (the op table checks both against the CPU; a variant past 2^-7, one bf16 ulp of the
+//! largest output, is reported and not timed) and with its own second run (bit-exact, else
+//! reported: a race). Results: bench/cuda/mla_decode.md.
 //!
-//!     cargo run --release -p mlaserve-cuda --example mla_decode [-- --json out.json] [--no-bulk]
+//! ```text
+//! cargo run --release -p mlaserve-cuda --example mla_decode -- [--json out.json]
+//!     [--no-bulk] [--shape i] [--variant M1S3Q]
+//! ```
 
 use cudarc::driver::sys::{CUevent_flags, CUfunction_attribute};
 use mlaserve_cuda::mla_decode::MlaVariant;
@@ -24,16 +27,18 @@ const GEMM_TFS: f64 = 804.0;
 /// Random bf16 bit patterns of uniform [-1, 1) values, `n` of them, from `seed`.
 fn random_bf16(n: usize, seed: u64) -> Vec<u16> {
     let mut out = vec![0u16; n];
-    out.par_chunks_mut(1 << 20).enumerate().for_each(|(c, chunk)| {
-        let mut s = seed ^ (c as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        for x in chunk.iter_mut() {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let f = (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
-            *x = half::bf16::from_f32(f).to_bits();
-        }
-    });
+    out.par_chunks_mut(1 << 20)
+        .enumerate()
+        .for_each(|(c, chunk)| {
+            let mut s = seed ^ (c as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            for x in chunk.iter_mut() {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                let f = (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
+                *x = half::bf16::from_f32(f).to_bits();
+            }
+        });
     out
 }
 
@@ -94,8 +99,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let json = std::env::args().skip_while(|a| a != "--json").nth(1);
     // --no-bulk leaves out the copy-engine variants (to time the rest if one of them hangs).
     let no_bulk = std::env::args().any(|a| a == "--no-bulk");
+    // --shape i: only the i-th shape; --variant NAME: only that variant, at mqa_tc_splits'
+    // split count (for a profiler run).
+    let arg = |name: &str| std::env::args().skip_while(|a| a != name).nth(1);
+    let only_shape: Option<usize> = arg("--shape").and_then(|s| s.parse().ok());
+    let only_variant = arg("--variant");
     let wanted = |v: MlaVariant| {
-        v.runs_on(gpu.arch) && !(no_bulk && matches!(v, MlaVariant::M1S3B | MlaVariant::M2KB))
+        v.runs_on(gpu.arch)
+            && !(no_bulk && matches!(v, MlaVariant::M1S3B | MlaVariant::M2KB))
+            && only_variant.as_ref().is_none_or(|n| *n == format!("{v:?}"))
     };
     let (l, r, p, bs) = (512usize, 64usize, 128usize, 64usize);
     let mut kernels = Vec::new();
@@ -115,12 +127,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let mut rows = Vec::new();
     let mut table = Vec::new();
-    for &(b, heads, ctx) in &[
+    let shapes = [
         (64usize, 16usize, 4096usize),
         (128, 16, 8192),
         (64, 128, 4096),
         (128, 128, 4096),
-    ] {
+    ];
+    for (si, &(b, heads, ctx)) in shapes.iter().enumerate() {
+        if only_shape.is_some_and(|i| i != si) {
+            continue;
+        }
         let blocks_per = ctx.div_ceil(bs);
         let nb = b * blocks_per;
         let seed = (b * 1_000_003 + heads * 1009 + ctx) as u64;
@@ -162,7 +178,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let lse: DBuf<f32> = gpu.alloc(b * heads * max_splits)?;
         let reference: DBuf<u16> = gpu.alloc_filled(b * heads * l, 0xff)?;
         let o_lat: DBuf<u16> = gpu.alloc(b * heads * l)?;
-        gpu.attn_mqa(&dims, q_lat.ptr(), q.ptr(), cache.ptr(), &keys, bt.ptr(), bt_off.ptr(), bs, 4, part.ptr(), lse.ptr(), reference.ptr())?;
+        gpu.attn_mqa(
+            &dims,
+            q_lat.ptr(),
+            q.ptr(),
+            cache.ptr(),
+            &keys,
+            bt.ptr(),
+            bt_off.ptr(),
+            bs,
+            4,
+            part.ptr(),
+            lse.ptr(),
+            reference.ptr(),
+        )?;
         let want = gpu.to_host(&reference)?;
         let heuristic = gpu.mqa_tc_splits(b, heads, ctx, max_splits)?;
         let mut best: Vec<(String, f64, usize)> = Vec::new();
@@ -180,7 +209,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         // The executor's split count for the CUDA-core kernel (keys / 256, at most 16).
         let splits = ctx.div_ceil(256).clamp(1, 16);
-        let run = || gpu.attn_mqa(&dims, q_lat.ptr(), q.ptr(), cache.ptr(), &keys, bt.ptr(), bt_off.ptr(), bs, splits, part.ptr(), lse.ptr(), o_lat.ptr());
+        let run = || {
+            gpu.attn_mqa(
+                &dims,
+                q_lat.ptr(),
+                q.ptr(),
+                cache.ptr(),
+                &keys,
+                bt.ptr(),
+                bt_off.ptr(),
+                bs,
+                splits,
+                part.ptr(),
+                lse.ptr(),
+                o_lat.ptr(),
+            )
+        };
         record("naive".into(), splits, time_us(&gpu, &run, 3, 3)?, None);
         for v in MlaVariant::ALL {
             if !wanted(v) {
@@ -190,13 +234,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             if !sweep.contains(&heuristic) {
                 sweep.push(heuristic);
             }
+            if only_variant.is_some() {
+                sweep = vec![heuristic];
+            }
             for splits in sweep {
-                let run = || gpu.attn_mqa_tc_variant(v, &dims, q_lat.ptr(), q.ptr(), cache.ptr(), &keys, bt.ptr(), bt_off.ptr(), bs, splits, part.ptr(), lse.ptr(), o_lat.ptr());
+                let run = || {
+                    gpu.attn_mqa_tc_variant(
+                        v,
+                        &dims,
+                        q_lat.ptr(),
+                        q.ptr(),
+                        cache.ptr(),
+                        &keys,
+                        bt.ptr(),
+                        bt_off.ptr(),
+                        bs,
+                        splits,
+                        part.ptr(),
+                        lse.ptr(),
+                        o_lat.ptr(),
+                    )
+                };
                 gpu.write(&o_lat, 0, &vec![0xffffu16; b * heads * l])?;
                 run()?;
                 let err = rel_err(&gpu.to_host(&o_lat)?, &want);
                 // Both outputs are rounded to bf16: one ulp apart is up to 2^-7 of the max.
-                if !(err <= 1.0 / 128.0) {
+                if err.is_nan() || err > 1.0 / 128.0 {
                     println!("B{b} H{heads} ctx{ctx} {v:?} splits {splits}: differs from the CUDA-core kernel by {err:.3e}; not timed");
                     failed.push(serde_json::json!({"batch": b, "heads": heads, "ctx": ctx, "kernel": format!("{v:?}"), "splits": splits, "rel_err_vs_cuda_core": err, "failed": true}));
                     continue;
@@ -205,10 +268,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let first = gpu.to_host(&o_lat)?;
                 run()?;
                 if gpu.to_host(&o_lat)? != first {
-                    println!("B{b} H{heads} ctx{ctx} {v:?} splits {splits}: two runs differ (a race?)");
+                    println!(
+                        "B{b} H{heads} ctx{ctx} {v:?} splits {splits}: two runs differ (a race?)"
+                    );
                     failed.push(serde_json::json!({"batch": b, "heads": heads, "ctx": ctx, "kernel": format!("{v:?}"), "splits": splits, "nondeterministic": true}));
                 }
-                record(format!("{v:?}"), splits, time_us(&gpu, &run, 7, 10)?, Some(err));
+                record(
+                    format!("{v:?}"),
+                    splits,
+                    time_us(&gpu, &run, 7, 10)?,
+                    Some(err),
+                );
             }
         }
         rows.extend(failed);
@@ -225,7 +295,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!();
     println!("best split per kernel ((h) = mqa_tc_splits' choice)");
-    println!("| B | heads | ctx | kernel | splits | µs (median) | GB/s | % copy | TFLOP/s | % GEMM |");
+    println!(
+        "| B | heads | ctx | kernel | splits | µs (median) | GB/s | % copy | TFLOP/s | % GEMM |"
+    );
     println!("| ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     for line in &table {
         println!("{line}");

@@ -11,8 +11,9 @@
 // head. Numerics: bf16 q, cache and P; f32 scores, softmax, sums and accumulators.
 //
 // Variants:
-//   mla_decode_m1s3q  16 heads, 3 stages; Q in registers as A fragments (144 regs);
-//                     warp w computes S for keys 8w..8w+7 over all 576 features.
+//   mla_decode_m1s3q  16 heads, 3 stages; Q in registers as A fragments (144 regs, loaded
+//                     by ldmatrix from rows staged in the third stage's buffer before its
+//                     first copy); warp w computes S for keys 8w..8w+7 over all 576 features.
 //   mla_decode_m2s2   32 heads, 2 stages; Q in shared memory, same S split as m1s3q.
 //   mla_decode_m1s2   16 heads, 2 stages; Q in shared memory (the plain version).
 //   mla_decode_m2k    32 heads, 2 stages; S split over features: warp (kq, kn) holds Q for
@@ -22,7 +23,9 @@
 //                     memory once per block (m2s2 reads Q once per warp and per key group).
 //   mla_decode_m1s3b, mla_decode_m2kb: m1s3q and m2k with the cache rows brought in by the
 //                     sm_90 copy engine (cp.async.bulk, one per row, on a per-stage mbarrier)
-//                     instead of 16-byte cp.async from every thread (sm_90 and newer only).
+//                     instead of 16-byte cp.async from every thread (sm_90 and newer only);
+//                     measured 15-25% slower than the cp.async versions on the H200.
+// Measured figures and the choice per head count: bench/cuda/mla_decode.md.
 // Outputs as attn_mqa_split: part [T, N, NS, 512] normalized per split, lse [T, N, NS]
 // (natural log; -inf for an empty split). Heads past N in the last group are computed on
 // zero queries and never written. Below sm_80 (no bf16 mma, no cp.async) the kernels trap,
@@ -103,6 +106,17 @@ __device__ __forceinline__ float mla_q(const float* q_lat, const float* q, int t
     if (h >= nh) return 0.f;
     if (c < MLA_L) return q_lat[((i64)t * nh + h) * MLA_L + c];
     return q[((i64)t * nh + h) * (p_dim + MLA_R) + p_dim + (c - MLA_L)];
+}
+
+// Q rows h0..h0+rows of token t as bf16 [rows][ROW] in shared memory: consecutive threads
+// read consecutive columns (coalesced), zeros past nh.
+__device__ __forceinline__ void mla_stage_q(bf16* dst, int rows, const float* q_lat, const float* q,
+                                            int t, int h0, int nh, int p_dim) {
+    for (int i = threadIdx.x; i < rows * (MLA_W / 2); i += MLA_THREADS) {
+        int r = i / (MLA_W / 2), c = 2 * (i % (MLA_W / 2));
+        *(unsigned*)(dst + r * MLA_ROW + c) = mla_pack(mla_q(q_lat, q, t, h0 + r, c, nh, p_dim),
+                                                       mla_q(q_lat, q, t, h0 + r, c + 1, nh, p_dim));
+    }
 }
 
 // One block's place in the grid and its key range.
@@ -313,26 +327,12 @@ __device__ __forceinline__ void mla_decode_body(const float* q_lat, const float*
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tig = lane & 3;
 
-    // Queries: registers (A fragments of every k-step) or shared memory (bf16 rows).
+    // Queries as bf16 rows in shared memory: q_s, or, with QREG, the last stage's buffer
+    // (first written by the copy of tile STAGES-1, after the loop's first barrier), from
+    // where each warp loads its A fragments of every k-step into registers.
+    bf16* q_rows = QREG ? (bf16*)(mla_sm + (STAGES - 1) * MLA_TILE_BYTES) : q_s;
+    mla_stage_q(q_rows, ROWS, q_lat, q, t, h0, nh, p_dim);
     unsigned qf[QREG ? MLA_KSTEPS : 1][4];
-    if constexpr (QREG) {
-#pragma unroll
-        for (int ks = 0; ks < MLA_KSTEPS; ks++) {
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                int h = h0 + g + 8 * (j & 1);
-                int c = ks * 16 + 2 * tig + 8 * (j >> 1);
-                qf[ks][j] = mla_pack(mla_q(q_lat, q, t, h, c, nh, p_dim),
-                                     mla_q(q_lat, q, t, h, c + 1, nh, p_dim));
-            }
-        }
-    } else {
-        for (int i = tid; i < ROWS * (MLA_W / 2); i += MLA_THREADS) {
-            int r = i / (MLA_W / 2), c = 2 * (i % (MLA_W / 2));
-            *(unsigned*)(q_s + r * MLA_ROW + c) = mla_pack(mla_q(q_lat, q, t, h0 + r, c, nh, p_dim),
-                                                           mla_q(q_lat, q, t, h0 + r, c + 1, nh, p_dim));
-        }
-    }
 
     float o[MT][8][4];
     float m_r[MT][2], l_r[MT][2];
@@ -348,11 +348,15 @@ __device__ __forceinline__ void mla_decode_body(const float* q_lat, const float*
 
     for (int j = 0; j < STAGES - 1; j++)
         if (j < wk.ntiles) ld.fill(wk, j, sel_pos, bs);
-    __syncthreads();  // slots, barriers and q_s visible
+    __syncthreads();  // slots, barriers and Q rows visible
     for (int j = 0; j < STAGES - 1; j++) ld.issue(wk, j, cache);
 
     const unsigned k_lane = ((8 * warp + (lane & 7)) * MLA_ROW + (lane >> 3) * 8) * 2;
-    const unsigned q_lane = mla_smem(q_s) + ((lane & 15) * MLA_ROW + (lane >> 4) * 8) * 2;
+    const unsigned q_lane = mla_smem(q_rows) + ((lane & 15) * MLA_ROW + (lane >> 4) * 8) * 2;
+    if constexpr (QREG) {
+#pragma unroll
+        for (int ks = 0; ks < MLA_KSTEPS; ks++) mla_ldsm4(qf[ks], q_lane + ks * 32);
+    }
 
     for (int i = 0; i < wk.ntiles; i++) {
         if (i + STAGES - 1 < wk.ntiles) ld.fill(wk, i + STAGES - 1, sel_pos, bs);
@@ -491,6 +495,8 @@ __device__ __forceinline__ void mla_decode_ksplit(const float* q_lat, const floa
     const int kq = warp & 3, kn = warp >> 2;      // S: feature quarter, 32-key half
     const int srow = tid >> 3, sc = tid & 7;      // softmax: row, 4+4 keys
 
+    // Q: the A fragments of this warp's feature quarter, straight from global memory (staging
+    // the rows through shared memory first, as the m1 bodies do, measured 3% slower here).
     unsigned qf[2][KQ][4];
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)

@@ -25,6 +25,7 @@ use crate::nccl::NcclComm;
 use crate::ops::{AttnDims, Gemm, GemmType, KeyLists, RouteCfg};
 use crate::weights::{GFfn, GLayer, GMat, GMlp, GMoe, GWeights};
 use mlaserve_model::layers::{dsa::top_k, ffn::route, rope::Rope};
+use mlaserve_model::probe::{self, PathTag};
 use mlaserve_model::{AttentionPath, Executor, ForwardBatch, Model, ModelConfig, ModelError};
 use std::sync::Arc;
 
@@ -195,6 +196,33 @@ impl CudaExecutor {
         Ok(())
     }
 
+    /// A probe of device data (f32, `rows` rows of `width` at row stride `stride`); costs a
+    /// copy to the host only while probes are on (`--trace`, `--dump`, doctor).
+    #[allow(clippy::too_many_arguments)]
+    fn probe_dev(
+        &self,
+        layer: Option<usize>,
+        name: &str,
+        tag: PathTag,
+        shape: &[usize],
+        ptr: u64,
+        rows: usize,
+        width: usize,
+        stride: usize,
+    ) -> Result<()> {
+        if !probe::active() {
+            return Ok(());
+        }
+        let all = self
+            .gpu
+            .read_f32_at(ptr, rows.saturating_sub(1) * stride + width)?;
+        let data: Vec<f32> = (0..rows)
+            .flat_map(|r| all[r * stride..r * stride + width].iter().copied())
+            .collect();
+        probe::probe(layer, name, tag, shape, &data);
+        Ok(())
+    }
+
     /// Leaves the tensor-parallel group at once (after this rank failed).
     pub fn abort_comm(&mut self) {
         if let Some(c) = self.comm.take() {
@@ -291,6 +319,7 @@ impl CudaExecutor {
         let cfg = self.model.config();
         let gpu = &self.gpu;
         let (t, h) = (batch.num_tokens(), cfg.hidden_size);
+        probe::begin_step(&batch.positions);
         let inp = self.inputs(batch)?;
         let x = gpu.alloc::<f32>(t * h)?;
         gpu.embed(&self.w.embed.w, &inp.tokens, x.ptr(), h)?;
@@ -309,6 +338,16 @@ impl CudaExecutor {
                 h,
                 h,
                 cfg.rms_norm_eps,
+            )?;
+            self.probe_dev(
+                Some(li),
+                "attn_norm",
+                PathTag::None,
+                &[t, h],
+                hn.ptr(),
+                t,
+                h,
+                h,
             )?;
             let part = self.partial(&x)?;
             let target = part.as_ref().map_or(x.ptr(), |p| p.ptr());
@@ -334,7 +373,18 @@ impl CudaExecutor {
                 GFfn::Moe(m) => self.moe(m, t, &hn, &hnb, target)?,
             }
             self.finish_partial(&x, part)?;
+            self.probe_dev(Some(li), "out", PathTag::None, &[t, h], x.ptr(), t, h, h)?;
         }
+        let r = self.logits(batch, &x);
+        probe::end_step().map_err(|e| CudaError::Invalid(format!("--dump: {e}")))?;
+        r
+    }
+
+    /// Final norm and lm_head for the rows that want logits (rank 0 only).
+    fn logits(&self, batch: &ForwardBatch, x: &DBuf<f32>) -> Result<Vec<f32>> {
+        let gpu = &self.gpu;
+        let cfg = self.model.config();
+        let h = cfg.hidden_size;
         let idx: Vec<i32> = batch.logits_indices().iter().map(|&i| i as i32).collect();
         if idx.is_empty() || self.rank() != 0 {
             gpu.sync()?;
@@ -364,7 +414,15 @@ impl CudaExecutor {
             logits.ptr(),
             false,
         )?;
-        gpu.to_host(&logits)
+        let out = gpu.to_host(&logits)?;
+        probe::probe(
+            None,
+            "logits",
+            PathTag::None,
+            &[idx.len(), cfg.vocab_size],
+            &out,
+        );
+        Ok(out)
     }
 
     /// SwiGLU MLP on bf16 rows xb [m, H], accumulated into out [m, H].
@@ -487,11 +545,33 @@ impl CudaExecutor {
         gpu.moe_route(t, logits.ptr(), bias, &rc, ids.ptr(), w.ptr())?;
         let held = m.experts.len();
         let gu = gpu.alloc::<f32>(pairs * 2 * f)?;
-        gpu.moe_gemv(pairs, m.gate_up_ptrs.ptr(), m.first_expert, held, ids.ptr(), hnb.ptr(), k, h, 2 * f, gu.ptr())?;
+        gpu.moe_gemv(
+            pairs,
+            m.gate_up_ptrs.ptr(),
+            m.first_expert,
+            held,
+            ids.ptr(),
+            hnb.ptr(),
+            k,
+            h,
+            2 * f,
+            gu.ptr(),
+        )?;
         let act = gpu.alloc::<u16>(pairs * f)?;
         gpu.silu_mul(gu.ptr(), act.ptr(), f, pairs)?;
         let y = gpu.alloc::<f32>(pairs * h)?;
-        gpu.moe_gemv(pairs, m.down_ptrs.ptr(), m.first_expert, held, ids.ptr(), act.ptr(), 1, f, h, y.ptr())?;
+        gpu.moe_gemv(
+            pairs,
+            m.down_ptrs.ptr(),
+            m.first_expert,
+            held,
+            ids.ptr(),
+            act.ptr(),
+            1,
+            f,
+            h,
+            y.ptr(),
+        )?;
         gpu.moe_combine_pairs(t, out, y.ptr(), w.ptr(), k, h)?;
         if let Some(sh) = &m.shared {
             self.mlp(sh, t, hnb.ptr(), out)?;
@@ -567,6 +647,28 @@ impl CudaExecutor {
             inp.cos.ptr(),
             inp.sin.ptr(),
         )?;
+        if probe::active() {
+            self.probe_dev(
+                Some(li),
+                "mla.kv_c_normed",
+                PathTag::None,
+                &[t, l],
+                kv.ptr(),
+                t,
+                l,
+                lw,
+            )?;
+            self.probe_dev(
+                Some(li),
+                "mla.k_pe",
+                PathTag::None,
+                &[t, r],
+                kv.at(l),
+                t,
+                r,
+                lw,
+            )?;
+        }
         let layer_cache = cache.latent.at(li * cache.slots() * lw);
         gpu.cache_write_bf16(t, kv.ptr(), lw, inp.slots.ptr(), layer_cache, lw)?;
 
@@ -660,7 +762,9 @@ impl CudaExecutor {
                 batch: n,
                 beta: 0.0,
             })?;
-            let splits = max_mqa.div_ceil(256).clamp(1, 16);
+            // The tensor-core kernel (16/32 heads per block) and its measured split rule; it
+            // falls back to the CUDA-core kernel for other latent widths or pre-sm_80 GPUs.
+            let splits = gpu.mqa_tc_splits(t, n, max_mqa, 16)?;
             let part = gpu.alloc::<f32>(t * n * splits * l)?;
             let lse = gpu.alloc::<f32>(t * n * splits)?;
             let o_lat = gpu.alloc::<u16>(t * n * l)?;
@@ -669,7 +773,7 @@ impl CudaExecutor {
                 sel_off: lists.sel_off.ptr(),
                 sel_pos: lists.sel_pos.ptr(),
             };
-            gpu.attn_mqa(
+            gpu.attn_mqa_tc(
                 &dims,
                 q_lat.ptr(),
                 q.ptr(),
@@ -700,6 +804,25 @@ impl CudaExecutor {
                 batch: n,
                 beta: 1.0,
             })?;
+        }
+        if probe::active() {
+            let tag = if batch.is_decode.iter().all(|&d| d) {
+                PathTag::Mqa
+            } else if batch.seqs.iter().any(|s| s.context_len > 0) {
+                PathTag::Context
+            } else {
+                PathTag::Mha
+            };
+            self.probe_dev(
+                Some(li),
+                "mla.attn_out",
+                tag,
+                &[t, n, v],
+                attn_out.ptr(),
+                t,
+                n * v,
+                n * v,
+            )?;
         }
         let ob = gpu.alloc::<u16>(t * n * v)?;
         gpu.to_bf16(attn_out.ptr(), ob.ptr(), t * n * v)?;

@@ -227,8 +227,9 @@ impl Gpu {
             }
             let cap = need.max(ARENA_CHUNK);
             // SAFETY: plain device allocation, kept until the Gpu drops.
-            let ptr = unsafe { drv::malloc_sync(cap) }
-                .map_err(|e| CudaError::driver(format!("growing the step arena by {cap} bytes"), e))?;
+            let ptr = unsafe { drv::malloc_sync(cap) }.map_err(|e| {
+                CudaError::driver(format!("growing the step arena by {cap} bytes"), e)
+            })?;
             a.chunks.push((ptr, cap));
         }
     }
@@ -332,6 +333,19 @@ impl Gpu {
         if len > 0 {
             // SAFETY: bounds checked above.
             unsafe { drv::memcpy_dtoh_async(&mut out, d.at(at), self.stream.cu_stream()) }
+                .map_err(|e| CudaError::driver("copy to host", e))?;
+            self.sync()?;
+        }
+        Ok(out)
+    }
+
+    /// Synchronizes, then copies `len` f32 from a raw device pointer (probes).
+    pub fn read_f32_at(&self, ptr: u64, len: usize) -> Result<Vec<f32>> {
+        self.sync()?;
+        let mut out = vec![0f32; len];
+        if len > 0 {
+            // SAFETY: the caller passes a pointer into a live allocation of >= len f32.
+            unsafe { drv::memcpy_dtoh_async(&mut out, ptr, self.stream.cu_stream()) }
                 .map_err(|e| CudaError::driver("copy to host", e))?;
             self.sync()?;
         }

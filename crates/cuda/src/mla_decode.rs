@@ -4,12 +4,14 @@
 //! blocks and the LSE combine → o_lat [T, N, L] bf16 — on mma.sync m16n8k16 bf16 tensor cores.
 //!
 //! Invariants: the kernels are written for the latent row of DeepSeek-V2/V3 and GLM-5,
-//! L = kv_lora_rank = 512, R = qk_rope_head_dim = 64, and sm_80 or newer (bf16 mma, cp.async);
-//! [`Gpu::attn_mqa_tc`] runs the CUDA-core kernel for any other row or an older GPU. A block serves 16 or 32 heads of one token and one split, so
-//! the grid reads each cache row once per 16 (or 32) heads. Each block takes ~170-225 KB of
-//! shared memory: one block per SM, so the split count decides how well the SMs fill
-//! ([`Gpu::mqa_tc_splits`]). `part` [T*N*splits*L] and `lse` [T*N*splits] are scratch, as
-//! for [`Gpu::attn_mqa`].
+//! L = kv_lora_rank = 512, R = qk_rope_head_dim = 64, and sm_80 or newer (bf16 mma, cp.async;
+//! the copy-engine variants sm_90); [`Gpu::attn_mqa_tc`] runs the CUDA-core kernel for any
+//! other row or an older GPU. A block serves 16 or 32 heads of one token and one split, so the
+//! grid reads each cache row once per 16 (or 32) heads. Each block takes 172-229 KB of shared
+//! memory: one block per SM, so the split count decides how well the SMs fill
+//! ([`Gpu::mqa_tc_splits`]; more splits than that cost 30-45% in the kernel lab).
+//! `part` [T*N*splits*L] and `lse` [T*N*splits] are scratch, as for [`Gpu::attn_mqa`].
+//! Measured variants, peer and ceilings: bench/cuda/mla_decode.md.
 
 use crate::args;
 use crate::error::{CudaError, Result};
@@ -111,16 +113,15 @@ impl MlaVariant {
         }
     }
 
-    /// The default for a head count on a GPU of NVRTC arch `arch` (sm_80 or newer): 32
-    /// heads a block from 32 heads up (half the cache reads of 16), else 16 heads with Q in
-    /// registers and 3 stages in flight; the copy engine on sm_90 and newer.
-    pub fn for_heads(heads: usize, arch: &str) -> Self {
-        let bulk = MlaVariant::M1S3B.runs_on(arch);
-        match (heads >= 32, bulk) {
-            (true, true) => MlaVariant::M2KB,
-            (true, false) => MlaVariant::M2K,
-            (false, true) => MlaVariant::M1S3B,
-            (false, false) => MlaVariant::M1S3Q,
+    /// The default for a head count, the fastest in the kernel lab on the H200
+    /// (bench/cuda/mla_decode.md): 32 heads a block with the feature-split S from 32 heads up,
+    /// else 16 heads with Q in registers and 3 stages. The copy-engine variants measured
+    /// 15-25% slower and are not chosen.
+    pub fn for_heads(heads: usize) -> Self {
+        if heads >= 32 {
+            MlaVariant::M2K
+        } else {
+            MlaVariant::M1S3Q
         }
     }
 }
@@ -161,7 +162,7 @@ impl Gpu {
             );
         }
         self.attn_mqa_tc_variant(
-            MlaVariant::for_heads(d.heads, self.arch),
+            MlaVariant::for_heads(d.heads),
             d,
             q_lat,
             q,
@@ -236,12 +237,7 @@ impl Gpu {
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        let (bs, nh, p, ns) = (
-            block_size as i32,
-            d.heads as i32,
-            d.p as i32,
-            splits as i32,
-        );
+        let (bs, nh, p, ns) = (block_size as i32, d.heads as i32, d.p as i32, splits as i32);
         let scale_log2 = d.scale * std::f32::consts::LOG2_E;
         let (nk, so, sp) = (keys.n_keys, keys.sel_off, keys.sel_pos);
         self.launch(
@@ -288,7 +284,7 @@ impl Gpu {
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| CudaError::driver("multiprocessor count", e))?
             .max(1) as usize;
-        let v = MlaVariant::for_heads(heads, self.arch);
+        let v = MlaVariant::for_heads(heads);
         let groups = t.max(1) * heads.div_ceil(v.heads_per_block());
         Ok(pick_splits(groups, sms, max_keys, max_splits))
     }
@@ -302,9 +298,7 @@ pub fn pick_splits(units: usize, sms: usize, max_keys: usize, max_splits: usize)
         blocks as f64 / (blocks.div_ceil(sms) * sms) as f64
     };
     let best = (1..=cap).map(fill).fold(0f64, f64::max);
-    (1..=cap)
-        .find(|&s| fill(s) >= best * 0.97)
-        .unwrap_or(1)
+    (1..=cap).find(|&s| fill(s) >= best * 0.97).unwrap_or(1)
 }
 
 #[cfg(test)]
@@ -337,7 +331,7 @@ mod tests {
         assert!(MlaVariant::M1S3B.runs_on("sm_90") && MlaVariant::M1S3B.runs_on("sm_120"));
         assert!(!MlaVariant::M1S3B.runs_on("sm_89") && MlaVariant::M1S3Q.runs_on("sm_80"));
         assert!(!MlaVariant::M1S3Q.runs_on("sm_75"));
-        assert_eq!(MlaVariant::for_heads(16, "sm_90"), MlaVariant::M1S3B);
-        assert_eq!(MlaVariant::for_heads(128, "sm_86"), MlaVariant::M2K);
+        assert_eq!(MlaVariant::for_heads(16), MlaVariant::M1S3Q);
+        assert_eq!(MlaVariant::for_heads(128), MlaVariant::M2K);
     }
 }

@@ -531,7 +531,15 @@ pub struct RouteCfg {
 impl Gpu {
     /// Routing of `t` tokens: logits [T, E] f32 (+ optional bias [E]) -> ids [T, K] i32 and
     /// weights [T, K] f32, best first, exactly the CPU `route` rules.
-    pub fn moe_route(&self, t: usize, logits: u64, bias: u64, c: &RouteCfg, ids: u64, weights: u64) -> Result<()> {
+    pub fn moe_route(
+        &self,
+        t: usize,
+        logits: u64,
+        bias: u64,
+        c: &RouteCfg,
+        ids: u64,
+        weights: u64,
+    ) -> Result<()> {
         if c.experts > 1024 || c.n_group > 64 {
             return Err(CudaError::Invalid(format!(
                 "GPU routing takes <= 1024 experts and <= 64 groups, got {} / {}",
@@ -547,23 +555,63 @@ impl Gpu {
             c.norm as i32,
         );
         let scale = c.scale;
-        self.launch("moe_route", Gpu::cfg(grid1(t), 256), &args![logits, bias, e, k, g, ng, tg, norm, scale, ids, weights])
+        self.launch(
+            "moe_route",
+            Gpu::cfg(grid1(t), 256),
+            &args![logits, bias, e, k, g, ng, tg, norm, scale, ids, weights],
+        )
     }
 
     /// out[p, r] = W_{ids[p]}[r, :] . x[p / x_div, :] for `pairs` pairs; W bf16 [rows, n] found
     /// in the per-expert pointer table `w_ptrs` (index `ids[p] - first`, `held` entries).
     #[allow(clippy::too_many_arguments)]
-    pub fn moe_gemv(&self, pairs: usize, w_ptrs: u64, first: usize, held: usize, ids: u64, x: u64, x_div: usize, n: usize, rows: usize, out: u64) -> Result<()> {
+    pub fn moe_gemv(
+        &self,
+        pairs: usize,
+        w_ptrs: u64,
+        first: usize,
+        held: usize,
+        ids: u64,
+        x: u64,
+        x_div: usize,
+        n: usize,
+        rows: usize,
+        out: u64,
+    ) -> Result<()> {
         if n % 8 != 0 {
-            return Err(CudaError::Invalid(format!("moe_gemv needs n % 8 == 0, got {n}")));
+            return Err(CudaError::Invalid(format!(
+                "moe_gemv needs n % 8 == 0, got {n}"
+            )));
         }
-        let (f, hd, xd, n32, r32) = (first as i32, held as i32, x_div as i32, n as i32, rows as i32);
-        self.launch("moe_gemv", Gpu::cfg((rows.div_ceil(8) as u32, pairs as u32, 1), 256), &args![w_ptrs, f, hd, ids, x, xd, n32, r32, out])
+        let (f, hd, xd, n32, r32) = (
+            first as i32,
+            held as i32,
+            x_div as i32,
+            n as i32,
+            rows as i32,
+        );
+        self.launch(
+            "moe_gemv",
+            Gpu::cfg((rows.div_ceil(8) as u32, pairs as u32, 1), 256),
+            &args![w_ptrs, f, hd, ids, x, xd, n32, r32, out],
+        )
     }
 
     /// x[t, :] += sum_j w[t, j] * y[t*k + j, :].
-    pub fn moe_combine_pairs(&self, t: usize, x: u64, y: u64, w: u64, k: usize, h: usize) -> Result<()> {
+    pub fn moe_combine_pairs(
+        &self,
+        t: usize,
+        x: u64,
+        y: u64,
+        w: u64,
+        k: usize,
+        h: usize,
+    ) -> Result<()> {
         let (k, h) = (k as i32, h as i32);
-        self.launch("moe_combine_pairs", Gpu::cfg(grid1(t), 256), &args![x, y, w, k, h])
+        self.launch(
+            "moe_combine_pairs",
+            Gpu::cfg(grid1(t), 256),
+            &args![x, y, w, k, h],
+        )
     }
 }

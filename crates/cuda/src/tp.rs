@@ -24,7 +24,8 @@ use std::time::Duration;
 
 enum Cmd {
     InitCache(usize, usize),
-    Forward(Arc<ForwardBatch>),
+    /// The batch and the step number every rank gives its probes.
+    Forward(Arc<ForwardBatch>, u64),
 }
 
 /// Logits (rank 0) and the seconds this step spent in all-reduce.
@@ -44,6 +45,8 @@ pub struct CudaTpExecutor {
     device: String,
     /// Rank 0's all-reduce seconds since the last `take_comm_seconds`.
     comm_seconds: f64,
+    /// Steps run (probe step numbers agree across ranks).
+    step: u64,
 }
 
 fn panic_msg(p: Box<dyn std::any::Any + Send>) -> String {
@@ -105,9 +108,11 @@ fn rank_main(
     while let Ok(cmd) = rx.recv() {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &cmd {
             Cmd::InitCache(nb, bs) => exec.init_cache(*nb, *bs).map(|_| (Vec::new(), 0.0)),
-            Cmd::Forward(b) => exec
-                .forward(b)
-                .map(|l| (l, exec.take_comm_seconds().unwrap_or(0.0))),
+            Cmd::Forward(b, step) => {
+                mlaserve_model::probe::set_next_step(*step);
+                exec.forward(b)
+                    .map(|l| (l, exec.take_comm_seconds().unwrap_or(0.0)))
+            }
         }));
         let reply = match r {
             Ok(Ok(v)) => Ok(v),
@@ -204,6 +209,7 @@ impl CudaTpExecutor {
             timeout,
             device: format!("cuda tp={world} [{}]", devices.join(", ")),
             comm_seconds: 0.0,
+            step: 0,
         })
     }
 
@@ -270,7 +276,9 @@ impl Executor for CudaTpExecutor {
 
     fn forward(&mut self, batch: &ForwardBatch) -> std::result::Result<Vec<f32>, ModelError> {
         let b = Arc::new(batch.clone());
-        self.all(|| Cmd::Forward(b.clone()))
+        let step = self.step;
+        self.step += 1;
+        self.all(|| Cmd::Forward(b.clone(), step))
     }
 
     fn device(&self) -> String {

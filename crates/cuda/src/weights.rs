@@ -50,7 +50,10 @@ pub struct GMlp {
 fn mlp(gpu: &Gpu, m: &Mlp) -> Result<GMlp> {
     let bf16 = mlaserve_gguf::GgmlType::BF16;
     let w = if m.gate.ty == bf16 && m.up.ty == bf16 {
-        let (g, u) = (m.gate.rows * m.gate.row_bytes(), m.up.rows * m.up.row_bytes());
+        let (g, u) = (
+            m.gate.rows * m.gate.row_bytes(),
+            m.up.rows * m.up.row_bytes(),
+        );
         let mut bytes = Vec::with_capacity(g + u);
         bytes.extend_from_slice(&m.gate.data()[..g]);
         bytes.extend_from_slice(&m.up.data()[..u]);
@@ -159,7 +162,11 @@ fn indexer(gpu: &Gpu, w: &IndexerWeights) -> Result<GIndexer> {
 }
 
 fn moe(gpu: &Gpu, m: &Moe) -> Result<GMoe> {
-    let experts: Vec<GMlp> = m.experts.iter().map(|e| mlp(gpu, e)).collect::<Result<_>>()?;
+    let experts: Vec<GMlp> = m
+        .experts
+        .iter()
+        .map(|e| mlp(gpu, e))
+        .collect::<Result<_>>()?;
     let gu: Vec<u64> = experts.iter().map(|e| e.gate_up.w.ptr()).collect();
     let dn: Vec<u64> = experts.iter().map(|e| e.down.w.ptr()).collect();
     Ok(GMoe {
@@ -167,7 +174,11 @@ fn moe(gpu: &Gpu, m: &Moe) -> Result<GMoe> {
         num_experts: m.router.rows,
         first_expert: m.first_expert,
         correction_bias: m.correction_bias.clone(),
-        bias_dev: m.correction_bias.as_ref().map(|b| gpu.upload(b)).transpose()?,
+        bias_dev: m
+            .correction_bias
+            .as_ref()
+            .map(|b| gpu.upload(b))
+            .transpose()?,
         gate_up_ptrs: gpu.upload(&gu)?,
         down_ptrs: gpu.upload(&dn)?,
         experts,

@@ -276,3 +276,44 @@ fn engine_on_gpu_batches_like_alone() {
         println!("{model}: engine on {} matches lone greedy", alone.device());
     }
 }
+
+/// The GPU fires the same named probes as the CPU (so `--trace`, `--dump` and an HF
+/// reference work on `--device cuda`), with the same shapes and values within bf16 noise.
+#[test]
+fn gpu_probes_match_cpu_probes() {
+    use mlaserve_model::probe;
+    let m = load("glm_moe_dsa", "glm_moe_dsa-bf16.gguf");
+    let Some(mut gpu) = cuda(m.clone(), "gpu_probes_match_cpu_probes") else {
+        return;
+    };
+    let mut cpu = CpuExecutor::new(m.clone());
+    let ids: Vec<u32> = (0..13).map(|i| (i * 31 + 7) % 500).collect();
+    let run = |e: &mut dyn Executor| {
+        probe::start_capture("*");
+        score_on(e, &ids, AttentionPath::Auto, 0).unwrap();
+        probe::take_capture()
+    };
+    let (c, g) = (run(&mut cpu), run(&mut gpu));
+    let names = [
+        "L0.attn_norm",
+        "L0.mla.kv_c_normed",
+        "L0.mla.k_pe",
+        "L0.mla.attn_out",
+        "L0.out",
+        "L2.out",
+        "logits",
+    ];
+    for name in names {
+        let find = |rs: &[probe::Record]| rs.iter().find(|r| r.name == name).cloned();
+        let (a, b) = (find(&c), find(&g));
+        let (a, b) = (
+            a.unwrap_or_else(|| panic!("cpu has no {name}")),
+            b.unwrap_or_else(|| panic!("gpu has no {name}")),
+        );
+        assert_eq!(a.shape, b.shape, "{name}");
+        assert_eq!(a.path, b.path, "{name}");
+        let err = row_errors(&b.data, &a.data, a.data.len())[0];
+        println!("{name}: shape {:?}, rel err {err:.3e}", a.shape);
+        assert!(err <= 3e-2, "{name}: rel err {err:.3e}");
+    }
+}

@@ -810,8 +810,9 @@ fn attention(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
 /// `attn_mqa_tc` to the CUDA-core kernel for another latent width. Bound as attn_mqa's.
 fn attention_tc(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     use mlaserve_cuda::mla_decode::MlaVariant;
-    let cases: &[(usize, &[usize], usize, Option<usize>, usize)] = &[
-        // (heads, query positions, splits, top-k, block size)
+    // (heads, query positions, splits, top-k, block size)
+    type Case = (usize, &'static [usize], usize, Option<usize>, usize);
+    let cases: &[Case] = &[
         (16, &[0, 63, 64, 300, 1000], 1, None, 16),
         (16, &[0, 129, 700, 2000], 4, None, 64),
         (20, &[0, 90, 333], 2, None, 16),
@@ -1050,7 +1051,15 @@ fn moe(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     use mlaserve_model::layers::ffn::route;
     use mlaserve_model::{Gating, MoeConfig};
     for &(e, k, gating, n_group, topk_group, norm, bias) in &[
-        (64usize, 6usize, Gating::Softmax, 1usize, 1usize, false, false),
+        (
+            64usize,
+            6usize,
+            Gating::Softmax,
+            1usize,
+            1usize,
+            false,
+            false,
+        ),
         (160, 6, Gating::Softmax, 8, 3, false, false),
         (256, 8, Gating::Sigmoid, 8, 4, true, true),
         (256, 8, Gating::Sigmoid, 1, 1, true, true),
@@ -1083,43 +1092,106 @@ fn moe(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             norm,
             scale: 2.5,
         };
-        gpu.moe_route(t, ld.ptr(), if bias { bd.ptr() } else { 0 }, &rc, ids.ptr(), w.ptr()).unwrap();
+        gpu.moe_route(
+            t,
+            ld.ptr(),
+            if bias { bd.ptr() } else { 0 },
+            &rc,
+            ids.ptr(),
+            w.ptr(),
+        )
+        .unwrap();
         let (gi, gw) = (gpu.to_host(&ids).unwrap(), gpu.to_host(&w).unwrap());
         let (mut mism, mut want_w) = (0usize, Vec::new());
         for ti in 0..t {
-            let (idx, wt) = route(&mc, &logits[ti * e..(ti + 1) * e], if bias { Some(&b) } else { None });
-            mism += idx.iter().zip(&gi[ti * k..(ti + 1) * k]).filter(|(a, b)| **a as i32 != **b).count();
+            let (idx, wt) = route(
+                &mc,
+                &logits[ti * e..(ti + 1) * e],
+                if bias { Some(&b) } else { None },
+            );
+            mism += idx
+                .iter()
+                .zip(&gi[ti * k..(ti + 1) * k])
+                .filter(|(a, b)| **a as i32 != **b)
+                .count();
             want_w.extend(wt);
         }
-        let name = format!("E{e} K{k} {gating:?} groups {n_group}/{topk_group}{}", if bias { " bias" } else { "" });
+        let name = format!(
+            "E{e} K{k} {gating:?} groups {n_group}/{topk_group}{}",
+            if bias { " bias" } else { "" }
+        );
         rep.check("moe_route ids", name.clone(), "i32", mism as f64, 0.0);
-        rep.check("moe_route weights", name, "f32", rel_err(&gw, &want_w), 1e-5);
+        rep.check(
+            "moe_route weights",
+            name,
+            "f32",
+            rel_err(&gw, &want_w),
+            1e-5,
+        );
     }
     // Expert GEMV over pairs with a pointer table, one expert not held (zeros), then combine.
     let (t, k, n, rows, held, first) = (3usize, 2usize, 256usize, 96usize, 4usize, 2usize);
-    let experts: Vec<Vec<f32>> = (0..held).map(|_| round_bf(&rng.vec(rows * n, 0.1))).collect();
-    let bufs: Vec<DBuf<u16>> = experts.iter().map(|w| gpu.upload(&w.iter().map(|&v| bf(v)).collect::<Vec<_>>()).unwrap()).collect();
+    let experts: Vec<Vec<f32>> = (0..held)
+        .map(|_| round_bf(&rng.vec(rows * n, 0.1)))
+        .collect();
+    let bufs: Vec<DBuf<u16>> = experts
+        .iter()
+        .map(|w| {
+            gpu.upload(&w.iter().map(|&v| bf(v)).collect::<Vec<_>>())
+                .unwrap()
+        })
+        .collect();
     let ptrs: Vec<u64> = bufs.iter().map(|b| b.ptr()).collect();
     let ids: Vec<i32> = vec![2, 5, 3, 1, 4, 2]; // expert 1 is not held on this "rank"
     let x = round_bf(&rng.vec(t * n, 1.0));
-    let (pd, id, xd) = (gpu.upload(&ptrs).unwrap(), gpu.upload(&ids).unwrap(), gpu.upload(&x.iter().map(|&v| bf(v)).collect::<Vec<_>>()).unwrap());
+    let (pd, id, xd) = (
+        gpu.upload(&ptrs).unwrap(),
+        gpu.upload(&ids).unwrap(),
+        gpu.upload(&x.iter().map(|&v| bf(v)).collect::<Vec<_>>())
+            .unwrap(),
+    );
     let out = poisoned::<f32>(gpu, t * k * rows);
-    gpu.moe_gemv(t * k, pd.ptr(), first, held, id.ptr(), xd.ptr(), k, n, rows, out.ptr()).unwrap();
+    gpu.moe_gemv(
+        t * k,
+        pd.ptr(),
+        first,
+        held,
+        id.ptr(),
+        xd.ptr(),
+        k,
+        n,
+        rows,
+        out.ptr(),
+    )
+    .unwrap();
     let mut want = vec![0f32; t * k * rows];
     for p in 0..t * k {
         let ex = ids[p] as usize;
         if ex < first || ex >= first + held {
             continue;
         }
-        let r = gemm_ref(&x[(p / k) * n..(p / k + 1) * n], &experts[ex - first], 1, rows, n);
+        let r = gemm_ref(
+            &x[(p / k) * n..(p / k + 1) * n],
+            &experts[ex - first],
+            1,
+            rows,
+            n,
+        );
         want[p * rows..(p + 1) * rows].copy_from_slice(&r);
     }
     let got = gpu.to_host(&out).unwrap();
-    rep.check("moe_gemv", format!("pairs{} n{n} rows{rows} held{held}", t * k), "bf16>f32", rel_err(&got, &want), 1e-5);
+    rep.check(
+        "moe_gemv",
+        format!("pairs{} n{n} rows{rows} held{held}", t * k),
+        "bf16>f32",
+        rel_err(&got, &want),
+        1e-5,
+    );
     let wts = rng.vec(t * k, 1.0);
     let x0 = rng.vec(t * rows, 1.0);
     let (x0d, wd) = (gpu.upload(&x0).unwrap(), gpu.upload(&wts).unwrap());
-    gpu.moe_combine_pairs(t, x0d.ptr(), out.ptr(), wd.ptr(), k, rows).unwrap();
+    gpu.moe_combine_pairs(t, x0d.ptr(), out.ptr(), wd.ptr(), k, rows)
+        .unwrap();
     let mut want_x = x0.clone();
     for ti in 0..t {
         for j in 0..k {
@@ -1128,5 +1200,11 @@ fn moe(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             }
         }
     }
-    rep.check("moe_combine_pairs", format!("T{t} K{k} H{rows}"), "f32", rel_err(&gpu.to_host(&x0d).unwrap(), &want_x), 1e-5);
+    rep.check(
+        "moe_combine_pairs",
+        format!("T{t} K{k} H{rows}"),
+        "f32",
+        rel_err(&gpu.to_host(&x0d).unwrap(), &want_x),
+        1e-5,
+    );
 }

@@ -163,5 +163,8 @@ fn a_failing_rank_stops_the_step_with_its_error() {
     let t0 = std::time::Instant::now();
     let err = multi.forward(&batch).unwrap_err().to_string();
     println!("error after {:?}: {err}", t0.elapsed());
-    assert!(err.contains("rank") && err.contains("past the cache"), "{err}");
+    assert!(
+        err.contains("rank") && err.contains("past the cache"),
+        "{err}"
+    );
 }

@@ -89,22 +89,28 @@ fn shape(name: &str, layers: Option<usize>) -> Shape {
 fn pool(bytes: usize) -> Vec<u8> {
     use rayon::prelude::*;
     let mut v = vec![0u8; (bytes + 2) & !1];
-    v.par_chunks_mut(1 << 20).enumerate().for_each(|(i, chunk)| {
-        let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ ((i as u64 + 1) * 0xD1B5_4A32_D192_ED03);
-        for c in chunk.chunks_exact_mut(2) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let f = ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * 0.03;
-            c.copy_from_slice(&half::bf16::from_f32(f).to_le_bytes());
-        }
-    });
+    v.par_chunks_mut(1 << 20)
+        .enumerate()
+        .for_each(|(i, chunk)| {
+            let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ ((i as u64 + 1) * 0xD1B5_4A32_D192_ED03);
+            for c in chunk.chunks_exact_mut(2) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let f = ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * 0.03;
+                c.copy_from_slice(&half::bf16::from_f32(f).to_le_bytes());
+            }
+        });
     v
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let flag = |f: &str| args.iter().position(|a| a == f).map(|i| args[i + 1].clone());
+    let flag = |f: &str| {
+        args.iter()
+            .position(|a| a == f)
+            .map(|i| args[i + 1].clone())
+    };
     let (name, out) = (&args[1], &args[2]);
     let s = shape(name, flag("--layers").map(|v| v.parse().unwrap()));
     let a = s.arch;
@@ -112,7 +118,10 @@ fn main() {
     let u = |x: usize| Value::U32(x as u32);
     let mut kv: Vec<(String, Value)> = vec![
         ("general.architecture".into(), Value::from(a)),
-        ("general.name".into(), Value::from(format!("mlaserve-synth-{name}").as_str())),
+        (
+            "general.name".into(),
+            Value::from(format!("mlaserve-synth-{name}").as_str()),
+        ),
         (format!("{a}.block_count"), u(s.layers)),
         (format!("{a}.context_length"), u(65_536)),
         (format!("{a}.embedding_length"), u(s.hidden)),
@@ -120,7 +129,10 @@ fn main() {
         (format!("{a}.attention.head_count"), u(s.heads)),
         (format!("{a}.attention.head_count_kv"), u(1)),
         (format!("{a}.rope.freq_base"), Value::F32(10_000.0)),
-        (format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
+        (
+            format!("{a}.attention.layer_norm_rms_epsilon"),
+            Value::F32(1e-6),
+        ),
         (format!("{a}.expert_count"), u(s.experts)),
         (format!("{a}.expert_used_count"), u(s.top_k)),
         (format!("{a}.expert_group_count"), u(1)),
@@ -136,7 +148,10 @@ fn main() {
         (format!("{a}.expert_feed_forward_length"), u(s.moe_inter)),
         (format!("{a}.expert_shared_count"), u(s.shared)),
         (format!("{a}.expert_weights_scale"), Value::F32(s.scale)),
-        (format!("{a}.expert_weights_norm"), Value::Bool(s.gating == 2)),
+        (
+            format!("{a}.expert_weights_norm"),
+            Value::Bool(s.gating == 2),
+        ),
         (format!("{a}.rope.dimension_count"), u(s.r)),
     ];
     if let Some(q) = s.q_lora {
@@ -146,7 +161,10 @@ fn main() {
         kv.push((format!("{a}.attention.indexer.head_count"), u(hi)));
         kv.push((format!("{a}.attention.indexer.key_length"), u(d)));
         kv.push((format!("{a}.attention.indexer.top_k"), u(topk)));
-        kv.push((format!("{a}.attention.indexer.types"), Value::from(vec![true; s.layers])));
+        kv.push((
+            format!("{a}.attention.indexer.types"),
+            Value::from(vec![true; s.layers]),
+        ));
     }
     for (k, v) in kv {
         w.add_metadata(&k, v).unwrap();
@@ -230,21 +248,38 @@ fn main() {
             mats.push((b("ffn_down_shexp"), vec![h, fm * s.shared]));
         }
     }
-    let largest = mats.iter().map(|(_, d)| d.iter().product::<usize>()).max().unwrap();
+    let largest = mats
+        .iter()
+        .map(|(_, d)| d.iter().product::<usize>())
+        .max()
+        .unwrap();
     let t0 = std::time::Instant::now();
     let rnd = pool(largest * 2 + (1 << 20));
-    eprintln!("random pool of {:.1} GB in {:.1}s", rnd.len() as f64 / 1e9, t0.elapsed().as_secs_f64());
+    eprintln!(
+        "random pool of {:.1} GB in {:.1}s",
+        rnd.len() as f64 / 1e9,
+        t0.elapsed().as_secs_f64()
+    );
     let dims = |d: &[usize]| d.iter().rev().map(|&x| x as u64).collect::<Vec<_>>();
     let mut total = 0usize;
     for (i, (name, d)) in mats.iter().enumerate() {
         let bytes = d.iter().product::<usize>() * 2;
         let off = (i * 7919 * 2) % (rnd.len() - bytes).max(1) & !1;
-        w.add_tensor(name, GgmlType::BF16, &dims(d), Cow::Borrowed(&rnd[off..off + bytes])).unwrap();
+        w.add_tensor(
+            name,
+            GgmlType::BF16,
+            &dims(d),
+            Cow::Borrowed(&rnd[off..off + bytes]),
+        )
+        .unwrap();
         total += bytes;
     }
     for (name, len, val) in &vecs {
-        let data: Vec<u8> = std::iter::repeat_n(val.to_le_bytes(), *len).flatten().collect();
-        w.add_tensor(name, GgmlType::F32, &[*len as u64], Cow::Owned(data)).unwrap();
+        let data: Vec<u8> = std::iter::repeat_n(val.to_le_bytes(), *len)
+            .flatten()
+            .collect();
+        w.add_tensor(name, GgmlType::F32, &[*len as u64], Cow::Owned(data))
+            .unwrap();
     }
     for (i, (name, d)) in f32_random.iter().enumerate() {
         let n: usize = d.iter().product();
@@ -254,7 +289,8 @@ fn main() {
                 (x * 0.06).to_le_bytes()
             })
             .collect();
-        w.add_tensor(name, GgmlType::F32, &dims(d), Cow::Owned(data)).unwrap();
+        w.add_tensor(name, GgmlType::F32, &dims(d), Cow::Owned(data))
+            .unwrap();
     }
     let bytes = w.write_file(out).unwrap();
     eprintln!(

@@ -125,7 +125,11 @@ pub fn run(
                 .map(|r| tg(exec, n, b, r as u64))
                 .collect::<Result<Vec<_>>>()?;
             let (t, share) = collect(runs);
-            let name = if b == 1 { format!("tg{n}") } else { format!("tg{n} b{b}") };
+            let name = if b == 1 {
+                format!("tg{n}")
+            } else {
+                format!("tg{n} b{b}")
+            };
             rows.push((name, t, share));
         }
     }

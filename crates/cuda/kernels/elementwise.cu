@@ -130,3 +130,17 @@ extern "C" __global__ void add_f32(float* x, const float* y, i64 n) {
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
         x[i] += y[i];
 }
+
+// dst[m, :] = src[idx[m], :], f32 rows of n.  grid (M), block 256.
+extern "C" __global__ void gather_rows_f32(const float* src, const int* idx, float* dst, int n) {
+    const float* s = src + (i64)idx[blockIdx.x] * n;
+    float* d = dst + (i64)blockIdx.x * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) d[i] = s[i];
+}
+
+// dst[idx[m], :] += src[m, :] (idx distinct), f32 rows of n.  grid (M), block 256.
+extern "C" __global__ void add_rows_indexed(float* dst, const float* src, const int* idx, int n) {
+    float* d = dst + (i64)idx[blockIdx.x] * n;
+    const float* s = src + (i64)blockIdx.x * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) d[i] += s[i];
+}

@@ -81,6 +81,9 @@ struct KeyListSet {
     /// [S] cache slots of every position of the unabsorbed sequences, in order.
     mha_slots: DBuf<i64>,
     max_mqa: usize,
+    /// Host copies for compacting the absorbed path to its tokens.
+    n_mqa_h: Vec<i32>,
+    sel_off_h: Vec<i32>,
 }
 
 impl KeyListSet {
@@ -125,6 +128,8 @@ impl KeyListSet {
         }
         Ok(Self {
             max_mqa: n_mqa.iter().copied().max().unwrap_or(0) as usize,
+            n_mqa_h: n_mqa.clone(),
+            sel_off_h: sel_off.clone(),
             n_mha: gpu.upload(&n_mha)?,
             n_mqa: gpu.upload(&n_mqa)?,
             sel_off: gpu.upload(&sel_off)?,
@@ -145,6 +150,7 @@ struct StepInputs {
     sin: DBuf<f32>,
     block_tables: DBuf<i32>,
     bt_off: DBuf<i32>,
+    bt_off_h: Vec<i32>,
 }
 
 impl CudaExecutor {
@@ -221,6 +227,11 @@ impl CudaExecutor {
             .collect();
         probe::probe(layer, name, tag, shape, &data);
         Ok(())
+    }
+
+    /// Joins a tensor-parallel group (the model must hold this rank's shard).
+    pub fn set_comm(&mut self, comm: NcclComm) {
+        self.comm = Some(comm);
     }
 
     /// Leaves the tensor-parallel group at once (after this rank failed).
@@ -306,10 +317,11 @@ impl CudaExecutor {
             sin: gpu.upload(&sin)?,
             block_tables: gpu.upload(&tables)?,
             bt_off: gpu.upload(&bt_off)?,
+            bt_off_h: bt_off,
         })
     }
 
-    fn step(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>> {
+    fn step(&self, batch: &ForwardBatch) -> Result<Vec<f32>> {
         let cache = self.cache.as_ref().ok_or_else(|| {
             CudaError::Model(ModelError::Batch(
                 "forward before init_cache: no latent cache".into(),
@@ -454,7 +466,14 @@ impl CudaExecutor {
             m.router.ptr(),
             logits.ptr(),
         ))?;
-        if t <= MOE_GEMV_MAX_TOKENS && !m.experts.is_empty() {
+        // The GEMV path's limits (16-byte loads, the routing kernel's shared arrays); other
+        // shapes take the gather + GEMM path.
+        let gemv_ok = !m.experts.is_empty()
+            && h % 8 == 0
+            && m.experts[0].f % 8 == 0
+            && e <= 1024
+            && mc.n_group <= 64;
+        if t <= MOE_GEMV_MAX_TOKENS && gemv_ok {
             return self.moe_small(m, mc, t, &logits, hnb, out);
         }
         let logits = gpu.to_host(&logits)?;
@@ -740,70 +759,60 @@ impl CudaExecutor {
             &keys,
             lists.kv_base.ptr(),
         )?;
-        let max_mqa = lists.max_mqa;
-        if max_mqa > 0 {
-            let qb = gpu.alloc::<u16>(t * n * qk)?;
-            gpu.to_bf16(q.ptr(), qb.ptr(), t * n * qk)?;
-            let q_lat = gpu.alloc::<f32>(t * n * l)?;
-            gpu.gemm(&Gemm {
-                m: t,
-                n: l,
-                k: p,
-                ty: GemmType::Bf16,
-                x: qb.ptr(),
-                ldx: n * qk,
-                stride_x: qk,
-                w: w.w_uk_t.w.ptr(),
-                ldw: p,
-                stride_w: l * p,
-                out: q_lat.ptr(),
-                ldo: n * l,
-                stride_o: l,
-                batch: n,
-                beta: 0.0,
-            })?;
-            // The tensor-core kernel (16/32 heads per block) and its measured split rule; it
-            // falls back to the CUDA-core kernel for other latent widths or pre-sm_80 GPUs.
-            let splits = gpu.mqa_tc_splits(t, n, max_mqa, 16)?;
-            let part = gpu.alloc::<f32>(t * n * splits * l)?;
-            let lse = gpu.alloc::<f32>(t * n * splits)?;
-            let o_lat = gpu.alloc::<u16>(t * n * l)?;
-            let keys = KeyLists {
-                n_keys: lists.n_mqa.ptr(),
-                sel_off: lists.sel_off.ptr(),
-                sel_pos: lists.sel_pos.ptr(),
-            };
-            gpu.attn_mqa_tc(
-                &dims,
-                q_lat.ptr(),
-                q.ptr(),
-                layer_cache,
-                &keys,
-                inp.block_tables.ptr(),
-                inp.bt_off.ptr(),
-                bs,
-                splits,
-                part.ptr(),
-                lse.ptr(),
-                o_lat.ptr(),
-            )?;
-            gpu.gemm(&Gemm {
-                m: t,
-                n: v,
-                k: l,
-                ty: GemmType::Bf16,
-                x: o_lat.ptr(),
-                ldx: n * l,
-                stride_x: l,
-                w: w.w_uv.w.ptr(),
-                ldw: l,
-                stride_w: v * l,
-                out: attn_out.ptr(),
-                ldo: n * v,
-                stride_o: v,
-                batch: n,
-                beta: 1.0,
-            })?;
+        if lists.max_mqa > 0 {
+            let dec: Vec<usize> = (0..t).filter(|&i| lists.n_mqa_h[i] > 0).collect();
+            if dec.len() == t {
+                let keys = KeyLists {
+                    n_keys: lists.n_mqa.ptr(),
+                    sel_off: lists.sel_off.ptr(),
+                    sel_pos: lists.sel_pos.ptr(),
+                };
+                self.absorbed(
+                    li,
+                    w,
+                    &dims,
+                    lists.max_mqa,
+                    q.ptr(),
+                    &keys,
+                    inp,
+                    cache,
+                    attn_out.ptr(),
+                    1.0,
+                )?;
+            } else {
+                // Mixed batch: the absorbed path runs on its tokens only, compacted.
+                let d = dec.len();
+                let idx: Vec<i32> = dec.iter().map(|&i| i as i32).collect();
+                let idx_d = gpu.upload(&idx)?;
+                let qc = gpu.alloc::<f32>(d * n * qk)?;
+                gpu.gather_rows_f32(q.ptr(), idx_d.ptr(), d, qc.ptr(), n * qk)?;
+                let pick = |v: &[i32]| dec.iter().map(|&i| v[i]).collect::<Vec<i32>>();
+                let n_keys = gpu.upload(&pick(&lists.n_mqa_h))?;
+                let sel_off = gpu.upload(&pick(&lists.sel_off_h))?;
+                let bt_off = gpu.upload(&pick(&inp.bt_off_h))?;
+                let keys = KeyLists {
+                    n_keys: n_keys.ptr(),
+                    sel_off: sel_off.ptr(),
+                    sel_pos: lists.sel_pos.ptr(),
+                };
+                let oc = gpu.alloc::<f32>(d * n * v)?;
+                let dims_c = AttnDims { t: d, ..dims };
+                self.absorbed_with(
+                    li,
+                    w,
+                    &dims_c,
+                    lists.max_mqa,
+                    qc.ptr(),
+                    &keys,
+                    inp.block_tables.ptr(),
+                    bt_off.ptr(),
+                    bs,
+                    cache,
+                    oc.ptr(),
+                    0.0,
+                )?;
+                gpu.add_rows_indexed(attn_out.ptr(), oc.ptr(), idx_d.ptr(), d, n * v)?;
+            }
         }
         if probe::active() {
             let tag = if batch.is_decode.iter().all(|&d| d) {
@@ -827,6 +836,120 @@ impl CudaExecutor {
         let ob = gpu.alloc::<u16>(t * n * v)?;
         gpu.to_bf16(attn_out.ptr(), ob.ptr(), t * n * v)?;
         gemm_bf16(gpu, t, ob.ptr(), &w.o_proj, out, true)
+    }
+
+    /// The absorbed path over all of the step's tokens (every one a decode token).
+    #[allow(clippy::too_many_arguments)]
+    fn absorbed(
+        &self,
+        li: usize,
+        w: &crate::weights::GMla,
+        dims: &AttnDims,
+        max_keys: usize,
+        q: u64,
+        keys: &KeyLists,
+        inp: &StepInputs,
+        cache: &GpuCache,
+        out: u64,
+        beta: f32,
+    ) -> Result<()> {
+        self.absorbed_with(
+            li,
+            w,
+            dims,
+            max_keys,
+            q,
+            keys,
+            inp.block_tables.ptr(),
+            inp.bt_off.ptr(),
+            cache.block_size,
+            cache,
+            out,
+            beta,
+        )
+    }
+
+    /// Absorbed attention for `dims.t` tokens: q [T, N*(P+R)] f32 -> q_lat = W_UK·q_nope
+    /// (strided-batched over heads), the split-context decode kernel over the paged cache
+    /// with its LSE combine, out [T, N*V] = beta·out + W_UV·o_lat.
+    #[allow(clippy::too_many_arguments)]
+    fn absorbed_with(
+        &self,
+        li: usize,
+        w: &crate::weights::GMla,
+        dims: &AttnDims,
+        max_keys: usize,
+        q: u64,
+        keys: &KeyLists,
+        block_tables: u64,
+        bt_off: u64,
+        bs: usize,
+        cache: &GpuCache,
+        out: u64,
+        beta: f32,
+    ) -> Result<()> {
+        let gpu = &self.gpu;
+        let (t, n, p, r, v, l) = (dims.t, dims.heads, dims.p, dims.r, dims.v, dims.l);
+        let qk = p + r;
+        let layer_cache = cache.latent.at(li * cache.slots() * (l + r));
+        let qb = gpu.alloc::<u16>(t * n * qk)?;
+        gpu.to_bf16(q, qb.ptr(), t * n * qk)?;
+        let q_lat = gpu.alloc::<f32>(t * n * l)?;
+        gpu.gemm(&Gemm {
+            m: t,
+            n: l,
+            k: p,
+            ty: GemmType::Bf16,
+            x: qb.ptr(),
+            ldx: n * qk,
+            stride_x: qk,
+            w: w.w_uk_t.w.ptr(),
+            ldw: p,
+            stride_w: l * p,
+            out: q_lat.ptr(),
+            ldo: n * l,
+            stride_o: l,
+            batch: n,
+            beta: 0.0,
+        })?;
+        // The tensor-core kernel (16/32 heads per block) and its measured split rule; it
+        // falls back to the CUDA-core kernel for other latent widths, older GPUs or too
+        // little shared memory.
+        let splits = gpu.mqa_tc_splits(t, n, max_keys, 16)?;
+        let part = gpu.alloc::<f32>(t * n * splits * l)?;
+        let lse = gpu.alloc::<f32>(t * n * splits)?;
+        let o_lat = gpu.alloc::<u16>(t * n * l)?;
+        gpu.attn_mqa_tc(
+            dims,
+            q_lat.ptr(),
+            q,
+            layer_cache,
+            keys,
+            block_tables,
+            bt_off,
+            bs,
+            splits,
+            part.ptr(),
+            lse.ptr(),
+            o_lat.ptr(),
+        )?;
+        gpu.gemm(&Gemm {
+            m: t,
+            n: v,
+            k: l,
+            ty: GemmType::Bf16,
+            x: o_lat.ptr(),
+            ldx: n * l,
+            stride_x: l,
+            w: w.w_uv.w.ptr(),
+            ldw: l,
+            stride_w: v * l,
+            out,
+            ldo: n * v,
+            stride_o: v,
+            batch: n,
+            beta,
+        })
     }
 
     /// GLM-5 DSA: cache this step's index keys; per token with position >= index_topk, the
@@ -912,6 +1035,13 @@ impl CudaExecutor {
     }
 }
 
+impl Drop for CudaExecutor {
+    fn drop(&mut self) {
+        // The communicator goes first, while its context, stream and buffers are alive.
+        self.comm.take();
+    }
+}
+
 impl Executor for CudaExecutor {
     fn config(&self) -> &ModelConfig {
         self.model.config()
@@ -954,10 +1084,17 @@ impl Executor for CudaExecutor {
     }
 
     fn forward(&mut self, batch: &ForwardBatch) -> std::result::Result<Vec<f32>, ModelError> {
+        // The guard ends the arena step even if the step panics (the engine catches panics
+        // and keeps serving; a step left open would hand arena views to init_cache).
+        struct StepGuard<'a>(&'a Gpu);
+        impl Drop for StepGuard<'_> {
+            fn drop(&mut self) {
+                self.0.end_step();
+            }
+        }
         self.gpu.begin_step();
-        let r = self.step(batch);
-        self.gpu.end_step();
-        Ok(r?)
+        let _guard = StepGuard(&self.gpu);
+        Ok(self.step(batch)?)
     }
 
     fn take_comm_seconds(&mut self) -> Option<f64> {

@@ -105,6 +105,8 @@ pub struct Gpu {
     /// blocking (a stuck collective becomes an error, not a hang).
     sync_timeout: Option<std::time::Duration>,
     arena: std::sync::Mutex<Arena>,
+    /// Opt-in shared memory per block (bytes): kernels needing more fall back.
+    pub max_smem_per_block: usize,
 }
 
 /// The step scratch arena: chunks of device memory, bump-allocated, reset per step.
@@ -120,10 +122,10 @@ struct Arena {
 const ARENA_CHUNK: usize = 256 << 20;
 const ARENA_ALIGN: usize = 256;
 
-// SAFETY: the cuBLAS handle is used only through &self methods that run on the one stream;
-// the executor drives a Gpu from one thread at a time.
+// SAFETY: the context, stream and cuBLAS handle move with the Gpu to the thread that drives
+// it (an executor or a tensor-parallel rank); it is Send, not Sync, so one thread uses it at a
+// time, and every call binds the context first.
 unsafe impl Send for Gpu {}
-unsafe impl Sync for Gpu {}
 
 impl Gpu {
     /// Opens device `ordinal`, compiles (or loads from cache) the kernels, creates cuBLAS.
@@ -146,6 +148,12 @@ impl Gpu {
             .compute_capability()
             .map_err(|e| CudaError::driver("compute capability", e))?;
         let arch = kernels::arch_for(maj, min)?;
+        let max_smem_per_block = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(|e| CudaError::driver("shared memory per block", e))?
+            .max(0) as usize;
         let t0 = std::time::Instant::now();
         let (ptx, cached) = kernels::ptx_for(arch)?;
         let module = ctx
@@ -184,6 +192,7 @@ impl Gpu {
             arch,
             sync_timeout: None,
             arena: std::sync::Mutex::new(Arena::default()),
+            max_smem_per_block,
         })
     }
 
@@ -315,6 +324,9 @@ impl Gpu {
         if host.is_empty() {
             return Ok(());
         }
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| CudaError::driver("bind", e))?;
         // SAFETY: bounds checked above; pageable source is staged before return.
         unsafe { drv::memcpy_htod_async(d.at(at), host, self.stream.cu_stream()) }
             .map_err(|e| CudaError::driver("copy to device", e))
@@ -364,6 +376,9 @@ impl Gpu {
                 .map_err(|e| CudaError::driver("stream synchronize (a kernel failed?)", e));
         };
         use cudarc::driver::sys::CUresult;
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| CudaError::driver("bind", e))?;
         let t0 = std::time::Instant::now();
         loop {
             // SAFETY: querying this context's live stream.

@@ -14,10 +14,13 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/attention.cu"),
     include_str!("../kernels/moe.cu"),
     include_str!("../kernels/mla_decode.cu"),
+    include_str!("../kernels/qgemv.cu"),
 );
 
 /// Kernel names exported by [`SOURCE`] (each is loaded at start, so a missing one fails early).
 pub const NAMES: &[&str] = &[
+    "gather_rows_f32",
+    "add_rows_indexed",
     "moe_route",
     "moe_gemv",
     "moe_combine_pairs",
@@ -43,25 +46,49 @@ pub const NAMES: &[&str] = &[
     "mla_decode_m2k",
     "mla_decode_m1s3b",
     "mla_decode_m2kb",
+    "qgemv_q8_0_m1r1",
+    "qgemv_q8_0_m1r2",
+    "qgemv_q8_0_m1r4",
+    "qgemv_q8_0_m2r2",
+    "qgemv_q8_0_m4r2",
+    "qgemv_q8_0_m8r1",
+    "qgemv_q8_0_m8r2",
+    "qgemv_q4_k_m1r1",
+    "qgemv_q4_k_m1r2",
+    "qgemv_q4_k_m1r4",
+    "qgemv_q4_k_m2r2",
+    "qgemv_q4_k_m4r2",
+    "qgemv_q4_k_m8r1",
+    "qgemv_q4_k_m8r2",
+    "dequant_q8_0_bf16",
+    "dequant_q4_k_bf16",
 ];
 
 /// NVRTC's name for a compute capability.
+/// A capability this build does not list (sm_87, sm_103, sm_121, ...) compiles for the
+/// highest listed one of the same major version at or below it (binary compatible within a
+/// major version).
 pub fn arch_for(major: i32, minor: i32) -> Result<&'static str> {
-    Ok(match (major, minor) {
-        (7, 0) => "sm_70",
-        (7, 5) => "sm_75",
-        (8, 0) => "sm_80",
-        (8, 6) => "sm_86",
-        (8, 9) => "sm_89",
-        (9, 0) => "sm_90",
-        (10, 0) => "sm_100",
-        (12, 0) => "sm_120",
-        _ => {
-            return Err(CudaError::Unavailable(format!(
+    const KNOWN: &[(i32, i32, &str)] = &[
+        (7, 0, "sm_70"),
+        (7, 5, "sm_75"),
+        (8, 0, "sm_80"),
+        (8, 6, "sm_86"),
+        (8, 9, "sm_89"),
+        (9, 0, "sm_90"),
+        (10, 0, "sm_100"),
+        (12, 0, "sm_120"),
+    ];
+    KNOWN
+        .iter()
+        .rev()
+        .find(|&&(ma, mi, _)| ma == major && mi <= minor)
+        .map(|&(_, _, a)| a)
+        .ok_or_else(|| {
+            CudaError::Unavailable(format!(
                 "compute capability {major}.{minor} is not one this build knows"
-            )))
-        }
-    })
+            ))
+        })
 }
 
 fn fnv1a(parts: &[&[u8]]) -> u64 {
@@ -107,7 +134,11 @@ pub fn ptx_for(arch: &'static str) -> Result<(Ptx, bool)> {
     }
     let ptx = compile(arch)?;
     if let Some(p) = &path {
-        let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+        let tmp = p.with_extension(format!(
+            "tmp{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
         let wrote = p.parent().map(std::fs::create_dir_all).transpose().is_ok()
             && std::fs::write(&tmp, ptx.to_src()).is_ok()
             && std::fs::rename(&tmp, p).is_ok();

@@ -16,6 +16,7 @@ pub mod kernels;
 pub mod mla_decode;
 pub mod nccl;
 pub mod ops;
+pub mod qgemv;
 pub mod tp;
 pub mod weights;
 

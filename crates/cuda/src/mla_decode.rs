@@ -145,7 +145,12 @@ impl Gpu {
         lse: u64,
         o_lat: u64,
     ) -> Result<()> {
-        if d.l != TC_L || d.r != TC_R || !MlaVariant::M1S3Q.runs_on(self.arch) {
+        let v = MlaVariant::for_heads(d.heads);
+        if d.l != TC_L
+            || d.r != TC_R
+            || !v.runs_on(self.arch)
+            || v.smem_bytes() > self.max_smem_per_block
+        {
             return self.attn_mqa(
                 d,
                 q_lat,
@@ -162,7 +167,7 @@ impl Gpu {
             );
         }
         self.attn_mqa_tc_variant(
-            MlaVariant::for_heads(d.heads),
+            v,
             d,
             q_lat,
             q,

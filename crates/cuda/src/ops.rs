@@ -97,6 +97,9 @@ impl Gpu {
         }
         let alpha = 1f32;
         let ty = g.ty.cuda();
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| CudaError::driver("bind", e))?;
         let err = |e: cudarc::cublas::result::CublasError| CudaError::Cublas {
             op: format!("gemm m={} n={} k={} batch={}", g.m, g.n, g.k, g.batch),
             msg: format!("{e:?}"),
@@ -164,6 +167,26 @@ impl Gpu {
             "embed_bf16",
             Gpu::cfg(grid1(tokens.len()), 256),
             &args![tp, kp, x, h32],
+        )
+    }
+
+    /// dst[m, :] = src[idx[m], :], f32 rows of n; idx [M] i32.
+    pub fn gather_rows_f32(&self, src: u64, idx: u64, m: usize, dst: u64, n: usize) -> Result<()> {
+        let n = n as i32;
+        self.launch(
+            "gather_rows_f32",
+            Gpu::cfg(grid1(m), 256),
+            &args![src, idx, dst, n],
+        )
+    }
+
+    /// dst[idx[m], :] += src[m, :] (distinct idx), f32 rows of n.
+    pub fn add_rows_indexed(&self, dst: u64, src: u64, idx: u64, m: usize, n: usize) -> Result<()> {
+        let n = n as i32;
+        self.launch(
+            "add_rows_indexed",
+            Gpu::cfg(grid1(m), 256),
+            &args![dst, src, idx, n],
         )
     }
 

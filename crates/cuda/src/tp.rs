@@ -4,10 +4,15 @@
 //! Rank r drives GPU `first_device + r` and holds `Model::load` with `Shard { rank: r, .. }`
 //! (the CPU path's sharding: heads, FFN slices or whole experts; see
 //! `mlaserve_model::parallel::shard`). Every rank runs every step on the same batch; rank 0
-//! returns the logits. Invariants: a failing or panicking rank ends the step with that
-//! rank's error (its peers' collectives time out and abort instead of hanging); every rank
-//! answers every command, so the executor never waits on a rank that already failed for
-//! longer than the timeout.
+//! returns the logits.
+//!
+//! Invariants: start is two-phase — every rank opens its GPU and uploads its shard, and only
+//! when all have succeeded do they join the NCCL group (a rank that fails to load cannot leave
+//! its peers blocked in `ncclCommInitRank`). A failing or panicking rank ends the step with
+//! its error and aborts its communicator, so its peers' collectives fail instead of hanging;
+//! the executor then stays failed and says why (a rank's CUDA state after a failure is not
+//! trusted; restart to recover). Every reply carries its command's sequence number, so a late
+//! reply is never taken for a later step's.
 
 use crate::error::{CudaError, Result};
 use crate::executor::CudaExecutor;
@@ -23,16 +28,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 enum Cmd {
+    /// Phase two of the start: create the communicator.
+    Join,
     InitCache(usize, usize),
     /// The batch and the step number every rank gives its probes.
     Forward(Arc<ForwardBatch>, u64),
 }
 
-/// Logits (rank 0) and the seconds this step spent in all-reduce.
-type Reply = std::result::Result<(Vec<f32>, f64), String>;
+/// The command's sequence number, then the logits (rank 0) and the seconds this step spent
+/// in all-reduce, or the rank's error.
+type Reply = (u64, std::result::Result<(Vec<f32>, f64), String>);
 
 struct Rank {
-    tx: Option<Sender<Cmd>>,
+    tx: Option<Sender<(u64, Cmd)>>,
     rx: Receiver<Reply>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -47,6 +55,10 @@ pub struct CudaTpExecutor {
     comm_seconds: f64,
     /// Steps run (probe step numbers agree across ranks).
     step: u64,
+    /// Sequence number of the next command.
+    seq: u64,
+    /// The first failure; once set, every call returns it.
+    failed: Option<String>,
 }
 
 fn panic_msg(p: Box<dyn std::any::Any + Send>) -> String {
@@ -66,7 +78,7 @@ fn rank_main(
     id: NcclId,
     timeout: Duration,
     ready: Sender<std::result::Result<(ModelConfig, String), String>>,
-    rx: Receiver<Cmd>,
+    rx: Receiver<(u64, Cmd)>,
     tx: Sender<Reply>,
 ) {
     mlaserve_model::probe::set_rank(rank);
@@ -85,8 +97,7 @@ fn rank_main(
                 ..opts
             },
         )?;
-        let comm = NcclComm::new(&gpu, id, rank, world, timeout)?;
-        CudaExecutor::on(Arc::new(model), gpu, Some(comm))
+        CudaExecutor::on(Arc::new(model), gpu, None)
     };
     let mut exec = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(setup)) {
         Ok(Ok(e)) => {
@@ -105,8 +116,14 @@ fn rank_main(
             return;
         }
     };
-    while let Ok(cmd) = rx.recv() {
+    while let Ok((seq, cmd)) = rx.recv() {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &cmd {
+            Cmd::Join => NcclComm::new(exec.gpu(), id, rank, world, timeout)
+                .map(|c| {
+                    exec.set_comm(c);
+                    (Vec::new(), 0.0)
+                })
+                .map_err(ModelError::from),
             Cmd::InitCache(nb, bs) => exec.init_cache(*nb, *bs).map(|_| (Vec::new(), 0.0)),
             Cmd::Forward(b, step) => {
                 mlaserve_model::probe::set_next_step(*step);
@@ -125,7 +142,7 @@ fn rank_main(
             // instead of waiting for it.
             exec.abort_comm();
         }
-        if tx.send(reply).is_err() || failed {
+        if tx.send((seq, reply)).is_err() || failed {
             return;
         }
     }
@@ -187,70 +204,92 @@ impl CudaTpExecutor {
         let mut config = None;
         let mut devices = Vec::new();
         let mut errors = Vec::new();
-        for r in readies {
+        for (rank, r) in readies.into_iter().enumerate() {
             match r.recv() {
                 Ok(Ok((c, d))) => {
                     config.get_or_insert(c);
-                    devices.push(d);
+                    devices.push(format!("{d} rank {rank}"));
                 }
                 Ok(Err(e)) => errors.push(e),
                 Err(_) => errors.push("a rank exited while loading".into()),
             }
         }
         if !errors.is_empty() {
+            // Dropping the command channels ends every rank before any joined NCCL.
             return Err(CudaError::Invalid(errors.join("; ")));
         }
         let config = config.ok_or_else(|| CudaError::Invalid("no ranks".into()))?;
-        let path_default = opts.attention_path;
-        Ok(Self {
+        let mut exec = Self {
             config,
-            path: path_default,
+            path: opts.attention_path,
             ranks,
             timeout,
             device: format!("cuda tp={world} [{}]", devices.join(", ")),
             comm_seconds: 0.0,
             step: 0,
-        })
+            seq: 0,
+            failed: None,
+        };
+        // Phase two: every rank loaded; now they join the communicator together.
+        exec.all(|| Cmd::Join)
+            .map_err(|e| CudaError::Invalid(format!("joining the NCCL group: {e}")))?;
+        Ok(exec)
     }
 
-    /// Sends `cmd` to every rank and collects every reply; the first error wins.
+    /// Sends `cmd` to every rank and collects every reply; the first error wins and leaves
+    /// the executor failed. Replies to earlier commands (late after a timeout) are dropped.
     fn all(&mut self, mk: impl Fn() -> Cmd) -> std::result::Result<Vec<f32>, ModelError> {
+        if let Some(e) = &self.failed {
+            return Err(ModelError::Batch(format!(
+                "the tensor-parallel executor failed earlier and stays down (restart to recover): {e}"
+            )));
+        }
+        let seq = self.seq;
+        self.seq += 1;
         for (r, rank) in self.ranks.iter().enumerate() {
             let sent = rank
                 .tx
                 .as_ref()
-                .map(|t| t.send(mk()).is_ok())
+                .map(|t| t.send((seq, mk())).is_ok())
                 .unwrap_or(false);
             if !sent {
-                return Err(ModelError::Batch(format!(
-                    "tensor-parallel rank {r} has stopped"
-                )));
+                let e = format!("tensor-parallel rank {r} has stopped");
+                self.failed = Some(e.clone());
+                return Err(ModelError::Batch(e));
             }
         }
         let mut out = Vec::new();
         let mut err = None;
-        // A peer's wait gives up after `timeout`; allow that plus margin per rank.
-        let deadline = self.timeout * 2 + Duration::from_secs(5);
+        // A peer's wait gives up after `timeout`; allow that plus margin.
+        let deadline = std::time::Instant::now() + self.timeout * 2 + Duration::from_secs(5);
         for (r, rank) in self.ranks.iter().enumerate() {
-            match rank.rx.recv_timeout(deadline) {
-                Ok(Ok((v, secs))) => {
-                    if r == 0 {
-                        out = v;
-                        self.comm_seconds += secs;
+            loop {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                match rank.rx.recv_timeout(left) {
+                    Ok((s, _)) if s < seq => continue, // a late reply to an earlier command
+                    Ok((_, Ok((v, secs)))) => {
+                        if r == 0 {
+                            out = v;
+                            self.comm_seconds += secs;
+                        }
+                    }
+                    Ok((_, Err(e))) => {
+                        err.get_or_insert(e);
+                    }
+                    Err(_) => {
+                        err.get_or_insert(format!("rank {r} did not answer within the deadline"));
                     }
                 }
-                Ok(Err(e)) => {
-                    err.get_or_insert(e);
-                }
-                Err(_) => {
-                    err.get_or_insert(format!("rank {r} did not answer within {deadline:?}"));
-                }
+                break;
             }
         }
         match err {
-            Some(e) => Err(ModelError::Batch(format!(
-                "tensor-parallel step failed: {e}"
-            ))),
+            Some(e) => {
+                self.failed = Some(e.clone());
+                Err(ModelError::Batch(format!(
+                    "tensor-parallel step failed: {e}"
+                )))
+            }
             None => Ok(out),
         }
     }
@@ -295,9 +334,13 @@ impl Drop for CudaTpExecutor {
         for r in &mut self.ranks {
             r.tx.take();
         }
-        for r in &mut self.ranks {
-            if let Some(t) = r.thread.take() {
-                let _ = t.join();
+        // A healthy group exits at once; after a failure a rank may still sit in a driver
+        // call, so its thread is left to the process instead of blocking the drop.
+        if self.failed.is_none() {
+            for r in &mut self.ranks {
+                if let Some(t) = r.thread.take() {
+                    let _ = t.join();
+                }
             }
         }
     }

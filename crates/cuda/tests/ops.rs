@@ -1024,6 +1024,7 @@ fn op_table_against_cpu() {
     attention(&gpu, &mut rng, &mut rep);
     attention_tc(&gpu, &mut rng, &mut rep);
     moe(&gpu, &mut rng, &mut rep);
+    quantized(&gpu, &mut rng, &mut rep);
     let failed: Vec<_> = rep.rows.iter().filter(|r| !(r.3 <= r.4)).collect();
     if let Ok(path) = std::env::var("MLASERVE_OP_REPORT") {
         let rows: Vec<serde_json::Value> = rep
@@ -1207,4 +1208,127 @@ fn moe(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         rel_err(&gpu.to_host(&x0d).unwrap(), &want_x),
         1e-5,
     );
+}
+
+/// Quantized weights kept compressed (`mlaserve_cuda::qgemv`): random weights quantized on the
+/// host with the crate's own quantizers; the GEMV (every kernel variant and K split, default
+/// dispatch at M = 1, 4, 8, accumulate) against the CPU dequantization times bf16-rounded x in
+/// f64 (bound 1e-4: only f32 summation order differs); M > 8 through dequantize + cuBLAS
+/// against bf16-rounded dequantized weights; the dequantize kernel bit-exact against the CPU
+/// dequantizer rounded to bf16. Odd Q8_0 widths put rows at 2-, 4- and 8-byte alignment and
+/// leave partial chunks; odd Q4_K widths leave partial warp steps.
+fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
+    use mlaserve_backend::{GgmlType, QMatrix};
+    use mlaserve_cuda::qgemv::{QType, QgemvVariant};
+    use rayon::prelude::*;
+    // (type, rows, k, sweep every variant)
+    let cases = [
+        (QType::Q8_0, 576usize, 2048usize, true),
+        (QType::Q8_0, 130, 2080, true),
+        (QType::Q8_0, 300, 1408, false),
+        (QType::Q8_0, 1024, 7168, false),
+        (QType::Q8_0, 2048, 10944, false),
+        (QType::Q8_0, 4096, 2048, false),
+        (QType::Q4K, 576, 2048, true),
+        (QType::Q4K, 200, 1280, true),
+        (QType::Q4K, 1024, 7168, false),
+        (QType::Q4K, 4096, 2048, false),
+    ];
+    let mut ksplit_i = 0usize;
+    for &(ty, rows, k, sweep) in &cases {
+        let ggml = if ty == QType::Q8_0 {
+            GgmlType::Q8_0
+        } else {
+            GgmlType::Q4_K
+        };
+        let qm = QMatrix::quantize_from_f32(ggml, rows, k, &rng.vec(rows * k, 0.05)).unwrap();
+        let wf = qm.to_f32();
+        let wd = gpu.upload_qmat(ty, rows, k, qm.data()).unwrap();
+        let mmax = 16usize;
+        let x = round_bf(&rng.vec(mmax * k, 1.0));
+        let xd = gpu
+            .upload(&x.iter().map(|&v| bf(v)).collect::<Vec<_>>())
+            .unwrap();
+        // want[m * rows + r] = sum_k wf[r, k] x[m, k] in f64
+        let want: Vec<f32> = (0..mmax * rows)
+            .into_par_iter()
+            .map(|i| {
+                let (m, r) = (i / rows, i % rows);
+                let (wr, xr) = (&wf[r * k..(r + 1) * k], &x[m * k..(m + 1) * k]);
+                wr.iter()
+                    .zip(xr)
+                    .map(|(&a, &b)| a as f64 * b as f64)
+                    .sum::<f64>() as f32
+            })
+            .collect();
+        let shape = |m: usize| format!("{ty:?} [{rows} x {k}] M{m}");
+        let mut run = |v: Option<(QgemvVariant, usize)>, m: usize, acc: bool| {
+            let out = poisoned::<f32>(gpu, m * rows);
+            let base = rng.vec(m * rows, 1.0);
+            if acc {
+                gpu.write(&out, 0, &base).unwrap();
+            }
+            match v {
+                Some((v, ks)) => gpu.qgemv_variant(&wd, m, xd.ptr(), out.ptr(), acc, v, ks),
+                None => gpu.qgemv(&wd, m, xd.ptr(), out.ptr(), acc),
+            }
+            .unwrap();
+            let mut w = want[..m * rows].to_vec();
+            if acc {
+                w.iter_mut().zip(&base).for_each(|(a, b)| *a += b);
+            }
+            rel_err(&gpu.to_host(&out).unwrap(), &w)
+        };
+        if sweep {
+            for v in QgemvVariant::ALL {
+                for m in [v.mt, v.mt.saturating_sub(1).max(1)] {
+                    let ks = [1usize, 2, 4, 8][ksplit_i % 4];
+                    ksplit_i += 1;
+                    let err = run(Some((v, ks)), m, false);
+                    rep.check(
+                        "qgemv",
+                        format!("{} m{}r{} ks{ks}", shape(m), v.mt, v.r),
+                        "q>f32",
+                        err,
+                        1e-4,
+                    );
+                    if m == 1 {
+                        break;
+                    }
+                }
+            }
+        }
+        for m in [1usize, 4, 8] {
+            let err = run(None, m, false);
+            rep.check("qgemv", shape(m), "q>f32", err, 1e-4);
+        }
+        let err = run(None, 3, true);
+        rep.check("qgemv accumulate", shape(3), "q>f32", err, 1e-4);
+        // The dequantize kernel, bit-exact against the CPU's values rounded to bf16.
+        let deq = poisoned::<u16>(gpu, rows * k);
+        gpu.dequant_bf16(&wd, deq.ptr()).unwrap();
+        let got = gpu.to_host(&deq).unwrap();
+        let wb: Vec<u16> = wf.iter().map(|&v| bf(v)).collect();
+        let mism = got.iter().zip(&wb).filter(|(a, b)| a != b).count();
+        rep.check(
+            "dequant_bf16",
+            format!("{ty:?} [{rows} x {k}]"),
+            "q>bf16",
+            mism as f64,
+            0.0,
+        );
+        // M > 8: dequantize to a bf16 scratch + cuBLAS; reference over the bf16 weights.
+        let m = 13;
+        let out = poisoned::<f32>(gpu, m * rows);
+        gpu.qgemm(&wd, m, xd.ptr(), out.ptr(), false).unwrap();
+        let wr = round_bf(&wf);
+        let want13 = gemm_ref(&x[..m * k], &wr, m, rows, k);
+        rep.check(
+            "qgemm dequant+gemm",
+            shape(m),
+            "q>bf16>f32",
+            rel_err(&gpu.to_host(&out).unwrap(), &want13),
+            1e-4,
+        );
+    }
 }

@@ -9,11 +9,12 @@
 // one subtraction rounds once either way), so the GEMV differs from the CPU reference only
 // by f32 summation order.
 //
-// Launch: block 256 (8 warps). A CTA covers 8 / ksplit row groups of R rows; the ksplit warps
-// of a group split the row's K range (chunk by chunk) and their partial sums are added in a
-// fixed order through shared memory, so results are deterministic. Ints stay int-exact: a
-// byte q becomes float by byte-permuting it under the exponent of 2^23 and subtracting 2^23
-// (no int-to-float conversion instruction, which runs at 1/8 rate).
+// Launch: block 256 (8 warps). A CTA item covers 8 / ksplit row groups of R rows; the ksplit
+// warps of a group split the row's K range (chunk by chunk) and their partial sums are added
+// in a fixed order through shared memory, so results are deterministic. The grid is
+// persistent and each warp prefetches its next step's weights (see the work order below).
+// Ints stay int-exact: a byte q becomes float by byte-permuting it under the exponent of 2^23
+// and subtracting 2^23 (no int-to-float conversion instruction, which runs at 1/8 rate).
 //
 // Q8_0 rows start wherever 34-byte blocks put them (2-byte aligned), so each warp stages a
 // chunk of 32 blocks per row through shared memory with aligned 16-byte loads (from the row
@@ -83,6 +84,8 @@ __device__ __forceinline__ void q4k_scale_min(uint4 hd, int j, float& sc, float&
 }
 
 // Sums each warp's MT*R partials, then the ksplit warps of a row group in order; writes out.
+// Sums each warp's MT*R partials, then the ksplit warps of a row group in order, and writes
+// the rows of CTA item `row0g`. Ends with a barrier, so `red` can be reused at once.
 template <int MT, int R>
 __device__ __forceinline__ void qg_finish(float (&acc)[MT][R], float (*red)[MT * R], int row0g,
                                           int rows, int mrun, int ksplit, int accumulate,
@@ -107,6 +110,35 @@ __device__ __forceinline__ void qg_finish(float (&acc)[MT][R], float (*red)[MT *
             *o = accumulate ? *o + s : s;
         }
     }
+    __syncthreads();
+}
+
+// Work order (both types): CTA items c = blockIdx.x, + gridDim.x, ... (a persistent grid);
+// item c is row groups c*groups .. +groups, R rows each; in it, warp (g, part) takes K steps
+// part, part + ksplit, ... of its row group. Each warp loads the weights of its next step
+// (crossing into the next item) before computing the current one, so a step's memory
+// latency hides behind the previous step's arithmetic.
+
+// Q8_0: the raw 16-byte words of chunk `ch` (32 blocks) of rows row0 .. row0+R, from each
+// row's chunk start rounded down to 16 bytes; lane takes words lane, lane+32, lane+64.
+template <int R>
+__device__ __forceinline__ void q8_load(const unsigned char* w, i64 rb, int rows, int row0,
+                                        int ch, int nb, int lane, uint4 (&pre)[R][3],
+                                        int (&shift)[R], int& cb) {
+    cb = min(32, nb - ch * 32);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int row = min(row0 + r, rows - 1);  // rows past the end: computed, not stored
+        unsigned long long a = (unsigned long long)(w + row * rb + (i64)ch * 1088);
+        const uint4* base = (const uint4*)(a & ~15ull);
+        shift[r] = (int)(a & 15ull);
+        const int n16 = (shift[r] + cb * 34 + 15) >> 4;
+#pragma unroll
+        for (int i = 0; i < 3; i++) {
+            const int idx = lane + 32 * i;
+            pre[r][i] = idx < n16 ? ldg16(base + idx) : make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
 }
 
 template <int MT, int R>
@@ -118,66 +150,95 @@ __device__ __forceinline__ void q8_0_gemv(const unsigned char* __restrict__ w,
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int groups = QG_WARPS / ksplit;
     const int g = warp / ksplit, part = warp % ksplit;
-    const int row0g = blockIdx.x * groups * R;
-    const int row0 = row0g + g * R;
     const int nb = k >> 5;
     const i64 rb = (i64)nb * 34;
     const int chunks = (nb + 31) >> 5;
-    float acc[MT][R];
+    const int ncta = (rows + groups * R - 1) / (groups * R);
+    uint4 pre[R][3];
+    int nshift[R], ncb = 0;
+    if ((int)blockIdx.x < ncta && part < chunks)
+        q8_load<R>(w, rb, rows, (blockIdx.x * groups + g) * R, part, nb, lane, pre, nshift, ncb);
+    for (int c = blockIdx.x; c < ncta; c += gridDim.x) {
+        float acc[MT][R];
 #pragma unroll
-    for (int m = 0; m < MT; m++)
+        for (int m = 0; m < MT; m++)
 #pragma unroll
-        for (int r = 0; r < R; r++) acc[m][r] = 0.f;
-    for (int c = part; c < chunks; c += ksplit) {
-        const int cb = min(32, nb - c * 32);
-        int shift[R];
+            for (int r = 0; r < R; r++) acc[m][r] = 0.f;
+        for (int ch = part; ch < chunks; ch += ksplit) {
+            __syncwarp();
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            const int row = min(row0 + r, rows - 1);  // rows past the end: computed, not stored
-            unsigned long long a = (unsigned long long)(w + row * rb + (i64)c * 1088);
-            const uint4* base = (const uint4*)(a & ~15ull);
-            shift[r] = (int)(a & 15ull);
-            const int n16 = (shift[r] + cb * 34 + 15) >> 4;
-            for (int i = lane; i < n16; i += 32) stage[warp][r][i] = ldg16(base + i);
-        }
-        __syncwarp();
-        const int piece = lane & 3;
+            for (int r = 0; r < R; r++)
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int b = j * 8 + (lane >> 2);
-            if (b < cb) {
-                float q[R][8], d[R];
+                for (int i = 0; i < 3; i++)
+                    if (lane + 32 * i < Q8_STAGE) stage[warp][r][lane + 32 * i] = pre[r][i];
+            int shift[R];
 #pragma unroll
-                for (int r = 0; r < R; r++) {
-                    const unsigned char* s = (const unsigned char*)stage[warp][r];
-                    const int o = shift[r] + 34 * b;  // even
-                    d[r] = h2f(*(const unsigned short*)(s + o));
-                    const int qo = o + 2 + 8 * piece;
-                    const unsigned* wp = (const unsigned*)(s + (qo & ~3));
-                    const int sh = (qo & 3) * 8;
-                    i8x4(__funnelshift_r(wp[0], wp[1], sh), q[r]);
-                    i8x4(__funnelshift_r(wp[1], wp[2], sh), q[r] + 4);
-                }
-                const i64 kx = (i64)c * 1024 + 256 * j + 8 * lane;
+            for (int r = 0; r < R; r++) shift[r] = nshift[r];
+            const int cb = ncb;
+            __syncwarp();
+            int nch = ch + ksplit, nc = c;
+            if (nch >= chunks) {
+                nch = part;
+                nc = c + gridDim.x;
+            }
+            if (nc < ncta)
+                q8_load<R>(w, rb, rows, (nc * groups + g) * R, nch, nb, lane, pre, nshift, ncb);
+            const int piece = lane & 3;
 #pragma unroll
-                for (int m = 0; m < MT; m++) {
-                    if (m < mrun) {
-                        float xf[8];
-                        bf16x8(ldg16(x + (i64)m * k + kx), xf);
+            for (int j = 0; j < 4; j++) {
+                const int b = j * 8 + (lane >> 2);
+                if (b < cb) {
+                    float q[R][8], d[R];
 #pragma unroll
-                        for (int r = 0; r < R; r++) {
-                            float s = 0.f;
+                    for (int r = 0; r < R; r++) {
+                        const unsigned char* s = (const unsigned char*)stage[warp][r];
+                        const int o = shift[r] + 34 * b;  // even
+                        d[r] = h2f(*(const unsigned short*)(s + o));
+                        const int qo = o + 2 + 8 * piece;
+                        const unsigned* wp = (const unsigned*)(s + (qo & ~3));
+                        const int sh = (qo & 3) * 8;
+                        i8x4(__funnelshift_r(wp[0], wp[1], sh), q[r]);
+                        i8x4(__funnelshift_r(wp[1], wp[2], sh), q[r] + 4);
+                    }
+                    const i64 kx = (i64)ch * 1024 + 256 * j + 8 * lane;
 #pragma unroll
-                            for (int i = 0; i < 8; i++) s = fmaf(q[r][i], xf[i], s);
-                            acc[m][r] = fmaf(d[r], s, acc[m][r]);
+                    for (int m = 0; m < MT; m++) {
+                        if (m < mrun) {
+                            float xf[8];
+                            bf16x8(ldg16(x + (i64)m * k + kx), xf);
+#pragma unroll
+                            for (int r = 0; r < R; r++) {
+                                float s = 0.f;
+#pragma unroll
+                                for (int i = 0; i < 8; i++) s = fmaf(q[r][i], xf[i], s);
+                                acc[m][r] = fmaf(d[r], s, acc[m][r]);
+                            }
                         }
                     }
                 }
             }
         }
-        __syncwarp();
+        qg_finish<MT, R>(acc, red, c * groups * R, rows, mrun, ksplit, accumulate, out);
     }
-    qg_finish<MT, R>(acc, red, row0g, rows, mrun, ksplit, accumulate, out);
+}
+
+// Q4_K: header and this lane's 16 quant bytes of super-block sb of rows row0 .. row0+R.
+template <int R>
+__device__ __forceinline__ void q4k_load(const unsigned char* w, i64 rb, int rows, int row0,
+                                         int sb, int nsb, int j, uint4 (&hd)[R],
+                                         uint4 (&qs)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        if (sb < nsb) {
+            const int row = min(row0 + r, rows - 1);
+            const unsigned char* blk = w + row * rb + (i64)sb * 144;
+            hd[r] = ldg16(blk);
+            qs[r] = ldg16(blk + 16 + 16 * j);
+        } else {
+            hd[r] = make_uint4(0u, 0u, 0u, 0u);
+            qs[r] = hd[r];
+        }
+    }
 }
 
 template <int MT, int R>
@@ -188,83 +249,93 @@ __device__ __forceinline__ void q4_k_gemv(const unsigned char* __restrict__ w,
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int groups = QG_WARPS / ksplit;
     const int g = warp / ksplit, part = warp % ksplit;
-    const int row0g = blockIdx.x * groups * R;
-    const int row0 = row0g + g * R;
     const int nsb = k >> 8;
     const i64 rb = (i64)nsb * 144;
     const int steps = (nsb + 3) >> 2;
     const int sl = lane >> 3, j = lane & 7, h = j >> 1;
     const int e0 = 64 * h + 16 * (j & 1);  // first low-nibble element of this lane
-    float acc[MT][R];
+    const int ncta = (rows + groups * R - 1) / (groups * R);
+    uint4 hd[R], qs[R];
+    if ((int)blockIdx.x < ncta && part < steps)
+        q4k_load<R>(w, rb, rows, (blockIdx.x * groups + g) * R, part * 4 + sl, nsb, j, hd, qs);
+    for (int c = blockIdx.x; c < ncta; c += gridDim.x) {
+        float acc[MT][R];
 #pragma unroll
-    for (int m = 0; m < MT; m++)
+        for (int m = 0; m < MT; m++)
 #pragma unroll
-        for (int r = 0; r < R; r++) acc[m][r] = 0.f;
-    for (int st = part; st < steps; st += ksplit) {
-        const int sb = st * 4 + sl;
-        if (sb >= nsb) continue;
-        uint4 hd[R], qs[R];
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            const int row = min(row0 + r, rows - 1);
-            const unsigned char* blk = w + row * rb + (i64)sb * 144;
-            hd[r] = ldg16(blk);
-            qs[r] = ldg16(blk + 16 + 16 * j);
-        }
-        float d1[R], m1[R], d2[R], m2[R];
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            const float d = h2f((unsigned short)(hd[r].x & 0xffffu));
-            const float dm = h2f((unsigned short)(hd[r].x >> 16));
-            float sc, mn;
-            q4k_scale_min(hd[r], 2 * h, sc, mn);
-            d1[r] = d * sc;
-            m1[r] = dm * mn;
-            q4k_scale_min(hd[r], 2 * h + 1, sc, mn);
-            d2[r] = d * sc;
-            m2[r] = dm * mn;
-        }
-        const i64 kb = (i64)sb * 256 + e0;
-#pragma unroll
-        for (int p = 0; p < 2; p++) {  // quant words 2p, 2p+1: elements e0 + 8p .. + 8
-            float lo[R][8], hi[R][8];
+            for (int r = 0; r < R; r++) acc[m][r] = 0.f;
+        for (int st = part; st < steps; st += ksplit) {
+            const int sb = st * 4 + sl;
+            uint4 chd[R], cqs[R];
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                const unsigned wa = p ? qs[r].z : qs[r].x, wb = p ? qs[r].w : qs[r].y;
-                float t[8];
-                u4x4(wa & 0x0f0f0f0fu, t);
-                u4x4(wb & 0x0f0f0f0fu, t + 4);
-#pragma unroll
-                for (int i = 0; i < 8; i++) lo[r][i] = fmaf(d1[r], t[i], -m1[r]);
-                u4x4((wa >> 4) & 0x0f0f0f0fu, t);
-                u4x4((wb >> 4) & 0x0f0f0f0fu, t + 4);
-#pragma unroll
-                for (int i = 0; i < 8; i++) hi[r][i] = fmaf(d2[r], t[i], -m2[r]);
+                chd[r] = hd[r];
+                cqs[r] = qs[r];
             }
+            int nst = st + ksplit, nc = c;
+            if (nst >= steps) {
+                nst = part;
+                nc = c + gridDim.x;
+            }
+            if (nc < ncta) q4k_load<R>(w, rb, rows, (nc * groups + g) * R, nst * 4 + sl, nsb, j, hd, qs);
+            if (sb >= nsb) continue;
+            float d1[R], m1[R], d2[R], m2[R];
 #pragma unroll
-            for (int m = 0; m < MT; m++) {
-                if (m < mrun) {
-                    float xl[8], xh[8];
-                    bf16x8(ldg16(x + (i64)m * k + kb + 8 * p), xl);
-                    bf16x8(ldg16(x + (i64)m * k + kb + 32 + 8 * p), xh);
+            for (int r = 0; r < R; r++) {
+                const float d = h2f((unsigned short)(chd[r].x & 0xffffu));
+                const float dm = h2f((unsigned short)(chd[r].x >> 16));
+                float sc, mn;
+                q4k_scale_min(chd[r], 2 * h, sc, mn);
+                d1[r] = d * sc;
+                m1[r] = dm * mn;
+                q4k_scale_min(chd[r], 2 * h + 1, sc, mn);
+                d2[r] = d * sc;
+                m2[r] = dm * mn;
+            }
+            const i64 kb = (i64)sb * 256 + e0;
 #pragma unroll
-                    for (int r = 0; r < R; r++) {
-                        float s = acc[m][r];
+            for (int p = 0; p < 2; p++) {  // quant words 2p, 2p+1: elements e0 + 8p .. + 8
+                float lo[R][8], hi[R][8];
 #pragma unroll
-                        for (int i = 0; i < 8; i++) s = fmaf(lo[r][i], xl[i], s);
+                for (int r = 0; r < R; r++) {
+                    const unsigned wa = p ? cqs[r].z : cqs[r].x, wb = p ? cqs[r].w : cqs[r].y;
+                    float t[8];
+                    u4x4(wa & 0x0f0f0f0fu, t);
+                    u4x4(wb & 0x0f0f0f0fu, t + 4);
 #pragma unroll
-                        for (int i = 0; i < 8; i++) s = fmaf(hi[r][i], xh[i], s);
-                        acc[m][r] = s;
+                    for (int i = 0; i < 8; i++) lo[r][i] = fmaf(d1[r], t[i], -m1[r]);
+                    u4x4((wa >> 4) & 0x0f0f0f0fu, t);
+                    u4x4((wb >> 4) & 0x0f0f0f0fu, t + 4);
+#pragma unroll
+                    for (int i = 0; i < 8; i++) hi[r][i] = fmaf(d2[r], t[i], -m2[r]);
+                }
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    if (m < mrun) {
+                        float xl[8], xh[8];
+                        bf16x8(ldg16(x + (i64)m * k + kb + 8 * p), xl);
+                        bf16x8(ldg16(x + (i64)m * k + kb + 32 + 8 * p), xh);
+#pragma unroll
+                        for (int r = 0; r < R; r++) {
+                            float s = acc[m][r];
+#pragma unroll
+                            for (int i = 0; i < 8; i++) s = fmaf(lo[r][i], xl[i], s);
+#pragma unroll
+                            for (int i = 0; i < 8; i++) s = fmaf(hi[r][i], xh[i], s);
+                            acc[m][r] = s;
+                        }
                     }
                 }
             }
         }
+        qg_finish<MT, R>(acc, red, c * groups * R, rows, mrun, ksplit, accumulate, out);
     }
-    qg_finish<MT, R>(acc, red, row0g, rows, mrun, ksplit, accumulate, out);
 }
 
-// Kernels qgemv_<type>_m<MT>r<R>(w, x, out, rows, k, m, ksplit, accumulate):
-// grid (ceil(rows / (8 / ksplit * R))), block 256; m <= MT; ksplit in {1, 2, 4, 8}.
+
+// Kernels qgemv_<type>_m<MT>r<R>(w, x, out, rows, k, m, ksplit, accumulate): block 256, any
+// grid (persistent: the host launches at most the CTAs that fit on the GPU at once, each
+// walks items c, c + gridDim.x, ...); m <= MT; ksplit in {1, 2, 4, 8}.
 #define QGEMV_KERNEL(TY, MT, R)                                                               \
     extern "C" __global__ void __launch_bounds__(256)                                        \
         qgemv_##TY##_m##MT##r##R(const unsigned char* w, const bf16* x, float* out, int rows, \

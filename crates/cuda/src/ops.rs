@@ -513,6 +513,11 @@ impl Gpu {
         d: usize,
         max_keys: usize,
     ) -> Result<()> {
+        if max_keys.div_ceil(4) > 65_535 {
+            return Err(CudaError::Invalid(format!(
+                "DSA indexer over {max_keys} keys: the scores kernel's grid covers at most 262,140"
+            )));
+        }
         let (bs, hi32, d32, mk) = (block_size as i32, hi as i32, d as i32, max_keys as i32);
         let d_scale = (d as f32).powf(-0.5);
         let w_scale = (hi as f32).powf(-0.5);

@@ -136,7 +136,8 @@ impl QgemvVariant {
         ks
     }
 
-    /// CTAs of one launch over `rows` rows with `ksplit`.
+    /// CTA items (8 / ksplit row groups of r rows each) over `rows` rows; a launch runs
+    /// min(items, resident CTAs) CTAs, each walking items c, c + grid, ...
     pub fn ctas(self, rows: usize, ksplit: usize) -> usize {
         rows.div_ceil(8 / ksplit * self.r)
     }
@@ -177,10 +178,11 @@ impl Gpu {
             CudaError::Invalid(format!("qgemv takes 1..={QGEMV_MAX_M} vectors, got {m}"))
         })?;
         let ks = v.default_ksplit(w.ty, w.rows, w.cols);
-        self.qgemv_variant(w, m, x, out, accumulate, v, ks)
+        self.qgemv_variant(w, m, x, out, accumulate, v, ks, None)
     }
 
-    /// [`Gpu::qgemv`] with an explicit kernel and K split (the lab sweeps these).
+    /// [`Gpu::qgemv`] with an explicit kernel and K split (the lab sweeps these), and an
+    /// optional cap on the grid (tests use it to make each CTA walk several items).
     #[allow(clippy::too_many_arguments)]
     pub fn qgemv_variant(
         &self,
@@ -191,6 +193,7 @@ impl Gpu {
         accumulate: bool,
         v: QgemvVariant,
         ksplit: usize,
+        grid_cap: Option<usize>,
     ) -> Result<()> {
         if m == 0 || w.rows == 0 {
             return Ok(());
@@ -219,11 +222,45 @@ impl Gpu {
             accumulate as i32,
         );
         let wp = w.w.ptr();
+        let name = v.kernel(w.ty);
+        // Persistent grid: no more CTAs than fit on the GPU at once (each walks its items).
+        let grid = v
+            .ctas(w.rows, ksplit)
+            .min(self.resident_ctas(&name)?)
+            .min(grid_cap.unwrap_or(usize::MAX).max(1));
         self.launch(
-            &v.kernel(w.ty),
-            Gpu::cfg((v.ctas(w.rows, ksplit) as u32, 1, 1), 256),
+            &name,
+            Gpu::cfg((grid as u32, 1, 1), 256),
             &args![wp, x, out, rows, k, m32, ks, acc],
         )
+    }
+
+    /// CTAs of 256 threads of kernel `name` resident on the whole GPU at once (cached).
+    fn resident_ctas(&self, name: &str) -> Result<usize> {
+        use std::collections::HashMap;
+        use std::sync::{Mutex, OnceLock};
+        static CACHE: OnceLock<Mutex<HashMap<(usize, String), usize>>> = OnceLock::new();
+        let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+        let key = (self.ordinal, name.to_string());
+        if let Some(&n) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(n);
+        }
+        let per_sm = self
+            .func(name)?
+            .occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
+            .map_err(|e| CudaError::driver(format!("occupancy of {name}"), e))?;
+        let sms = self
+            .ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(|e| CudaError::driver("multiprocessor count", e))?;
+        let n = (per_sm.max(1) as usize) * (sms.max(1) as usize);
+        cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, n);
+        Ok(n)
     }
 
     /// out [rows, cols] bf16 = the dequantized rows of `w` (16-byte aligned `out`).
@@ -255,5 +292,46 @@ impl Gpu {
         self.dequant_bf16(w, scratch.ptr())?;
         let g = Gemm::plain(GemmType::Bf16, m, w.rows, w.cols, x, scratch.ptr(), out);
         self.gemm(&if accumulate { g.accumulate() } else { g })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_variant_is_a_loaded_kernel() {
+        for ty in [QType::Q8_0, QType::Q4K] {
+            for v in QgemvVariant::ALL {
+                let name = v.kernel(ty);
+                assert!(crate::kernels::NAMES.contains(&name.as_str()), "{name}");
+                assert!(
+                    crate::kernels::SOURCE.contains(&format!("({}, {}, {})", ty.tag(), v.mt, v.r)),
+                    "{name} not instantiated"
+                );
+            }
+            for m in 1..=QGEMV_MAX_M {
+                let v = QgemvVariant::for_m(m).unwrap();
+                assert!(
+                    v.mt >= m && QgemvVariant::ALL.contains(&v),
+                    "m {m} -> {v:?}"
+                );
+            }
+        }
+        assert!(QgemvVariant::for_m(0).is_none() && QgemvVariant::for_m(9).is_none());
+    }
+
+    #[test]
+    fn ksplit_fills_the_gpu_without_starving_warps() {
+        let v = QgemvVariant { mt: 1, r: 2 };
+        // Many rows: no split needed.
+        assert_eq!(v.default_ksplit(QType::Q4K, 18432, 7168), 1);
+        // Few long rows: split while CTAs are short of 1024 and warps keep two chunks
+        // (11 chunks of K = 10944: 4 warps of ~3 chunks each, 512 CTAs).
+        assert_eq!(v.default_ksplit(QType::Q8_0, 2048, 10944), 4);
+        assert_eq!(v.default_ksplit(QType::Q4K, 7168, 18432), 4);
+        // Short rows: every warp keeps at least two 1024-value chunks.
+        assert_eq!(v.default_ksplit(QType::Q8_0, 64, 2048), 1);
+        assert_eq!(v.default_ksplit(QType::Q8_0, 64, 4096), 2);
     }
 }

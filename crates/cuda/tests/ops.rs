@@ -1262,14 +1262,18 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             })
             .collect();
         let shape = |m: usize| format!("{ty:?} [{rows} x {k}] M{m}");
-        let mut run = |v: Option<(QgemvVariant, usize)>, m: usize, acc: bool| {
+        // v: a named kernel, its K split and an optional grid cap (a cap of 1 or 7 CTAs makes
+        // each CTA walk several rows of the persistent grid); None: the default dispatch.
+        let mut run = |v: Option<(QgemvVariant, usize, Option<usize>)>, m: usize, acc: bool| {
             let out = poisoned::<f32>(gpu, m * rows);
             let base = rng.vec(m * rows, 1.0);
             if acc {
                 gpu.write(&out, 0, &base).unwrap();
             }
             match v {
-                Some((v, ks)) => gpu.qgemv_variant(&wd, m, xd.ptr(), out.ptr(), acc, v, ks),
+                Some((v, ks, cap)) => {
+                    gpu.qgemv_variant(&wd, m, xd.ptr(), out.ptr(), acc, v, ks, cap)
+                }
                 None => gpu.qgemv(&wd, m, xd.ptr(), out.ptr(), acc),
             }
             .unwrap();
@@ -1283,11 +1287,12 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             for v in QgemvVariant::ALL {
                 for m in [v.mt, v.mt.saturating_sub(1).max(1)] {
                     let ks = [1usize, 2, 4, 8][ksplit_i % 4];
+                    let cap = [None, Some(1), Some(7)][ksplit_i % 3];
                     ksplit_i += 1;
-                    let err = run(Some((v, ks)), m, false);
+                    let err = run(Some((v, ks, cap)), m, false);
                     rep.check(
                         "qgemv",
-                        format!("{} m{}r{} ks{ks}", shape(m), v.mt, v.r),
+                        format!("{} m{}r{} ks{ks} cap{cap:?}", shape(m), v.mt, v.r),
                         "q>f32",
                         err,
                         1e-4,

@@ -68,6 +68,7 @@ fn panic_msg(p: Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "unknown panic".into())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn rank_main(
     rank: usize,
     world: usize,

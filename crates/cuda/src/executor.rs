@@ -250,44 +250,6 @@ impl CudaExecutor {
         &self.gpu
     }
 
-    fn validate(&self, batch: &ForwardBatch, cache: &GpuCache) -> Result<()> {
-        let bad = |m: String| Err(CudaError::Model(ModelError::Batch(m)));
-        if batch.block_size != cache.block_size {
-            return bad(format!(
-                "batch block size {} != cache block size {}",
-                batch.block_size, cache.block_size
-            ));
-        }
-        if let Some(&s) = batch.slot_mapping.iter().max() {
-            if s >= cache.slots() {
-                return bad(format!("slot {s} past the cache's {} slots", cache.slots()));
-            }
-        }
-        for seq in &batch.seqs {
-            let end = seq.context_len + seq.tokens.len();
-            let need = end.div_ceil(batch.block_size);
-            if seq.block_table.len() < need {
-                return bad(format!(
-                    "block table of {} blocks for {end} positions",
-                    seq.block_table.len()
-                ));
-            }
-            if let Some(&b) = seq.block_table[..need].iter().max() {
-                if b as usize >= cache.num_blocks {
-                    return bad(format!(
-                        "block {b} past the cache's {} blocks",
-                        cache.num_blocks
-                    ));
-                }
-            }
-        }
-        let vocab = self.model.config().vocab_size;
-        if let Some(&tok) = batch.tokens.iter().find(|&&t| t as usize >= vocab) {
-            return bad(format!("token id {tok} >= vocab size {vocab}"));
-        }
-        Ok(())
-    }
-
     fn inputs(&self, batch: &ForwardBatch) -> Result<StepInputs> {
         let gpu = &self.gpu;
         let t = batch.num_tokens();
@@ -327,7 +289,11 @@ impl CudaExecutor {
                 "forward before init_cache: no latent cache".into(),
             ))
         })?;
-        self.validate(batch, cache)?;
+        batch.check_against(
+            cache.num_blocks,
+            cache.block_size,
+            self.model.config().vocab_size,
+        )?;
         let cfg = self.model.config();
         let gpu = &self.gpu;
         let (t, h) = (batch.num_tokens(), cfg.hidden_size);

@@ -107,6 +107,10 @@ pub struct Gpu {
     arena: std::sync::Mutex<Arena>,
     /// Opt-in shared memory per block (bytes): kernels needing more fall back.
     pub max_smem_per_block: usize,
+    /// Streaming multiprocessors (grid sizing).
+    pub sm_count: usize,
+    /// Kernels whose dynamic shared-memory limit was already raised (once per kernel).
+    smem_raised: std::sync::Mutex<std::collections::HashSet<&'static str>>,
 }
 
 /// The step scratch arena: chunks of device memory, bump-allocated, reset per step.
@@ -154,6 +158,12 @@ impl Gpu {
             )
             .map_err(|e| CudaError::driver("shared memory per block", e))?
             .max(0) as usize;
+        let sm_count = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(|e| CudaError::driver("multiprocessor count", e))?
+            .max(1) as usize;
         let t0 = std::time::Instant::now();
         let (ptx, cached) = kernels::ptx_for(arch)?;
         let module = ctx
@@ -193,6 +203,8 @@ impl Gpu {
             sync_timeout: None,
             arena: std::sync::Mutex::new(Arena::default()),
             max_smem_per_block,
+            sm_count,
+            smem_raised: std::sync::Mutex::new(std::collections::HashSet::new()),
         })
     }
 
@@ -349,6 +361,26 @@ impl Gpu {
             self.sync()?;
         }
         Ok(out)
+    }
+
+    /// Lets kernel `name` use `bytes` of dynamic shared memory; the driver call happens once
+    /// per kernel, not per launch.
+    pub fn raise_smem(&self, name: &'static str, bytes: usize) -> Result<()> {
+        let mut done = self.smem_raised.lock().unwrap_or_else(|e| e.into_inner());
+        if done.contains(name) {
+            return Ok(());
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| CudaError::driver("bind", e))?;
+        self.func(name)?
+            .set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+            .map_err(|e| CudaError::driver(format!("{name}: {bytes} bytes of shared memory"), e))?;
+        done.insert(name);
+        Ok(())
     }
 
     /// Synchronizes, then copies `len` f32 from a raw device pointer (probes).

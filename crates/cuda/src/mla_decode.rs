@@ -17,7 +17,6 @@ use crate::args;
 use crate::error::{CudaError, Result};
 use crate::gpu::Gpu;
 use crate::ops::{AttnDims, KeyLists};
-use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::LaunchConfig;
 
 /// kv_lora_rank the kernels are written for.
@@ -228,15 +227,7 @@ impl Gpu {
         }
         let name = v.kernel();
         let smem = v.smem_bytes();
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| CudaError::driver("bind", e))?;
-        self.func(name)?
-            .set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem as i32,
-            )
-            .map_err(|e| CudaError::driver(format!("{name}: {smem} bytes of shared memory"), e))?;
+        self.raise_smem(name, smem)?;
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: (THREADS, 1, 1),
@@ -284,11 +275,7 @@ impl Gpu {
         max_keys: usize,
         max_splits: usize,
     ) -> Result<usize> {
-        let sms = self
-            .ctx
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(|e| CudaError::driver("multiprocessor count", e))?
-            .max(1) as usize;
+        let sms = self.sm_count;
         let v = MlaVariant::for_heads(heads);
         let groups = t.max(1) * heads.div_ceil(v.heads_per_block());
         Ok(pick_splits(groups, sms, max_keys, max_splits))

@@ -82,8 +82,13 @@ fn shape(name: &str, layers: Option<usize>) -> Shape {
             scale: 1.0,
             indexer: None,
         },
-        other => panic!("unknown shape {other} (glm5 or v2-lite)"),
+        other => exit(&format!("unknown shape {other} (glm5 or v2-lite)")),
     }
+}
+
+fn exit(msg: &str) -> ! {
+    eprintln!("synth_model: {msg}");
+    std::process::exit(2)
 }
 
 fn pool(bytes: usize) -> Vec<u8> {
@@ -106,13 +111,26 @@ fn pool(bytes: usize) -> Vec<u8> {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    let usage =
+        "usage: synth_model glm5|v2-lite OUT.gguf [--layers N] [--tokenizer-from FILE.gguf]";
     let flag = |f: &str| {
-        args.iter()
-            .position(|a| a == f)
-            .map(|i| args[i + 1].clone())
+        args.iter().position(|a| a == f).map(|i| {
+            args.get(i + 1)
+                .cloned()
+                .unwrap_or_else(|| exit(&format!("{f} needs a value\n{usage}")))
+        })
     };
+    if args.len() < 3 {
+        exit(usage);
+    }
     let (name, out) = (&args[1], &args[2]);
-    let s = shape(name, flag("--layers").map(|v| v.parse().unwrap()));
+    let layers = flag("--layers").map(|v| {
+        v.parse::<usize>()
+            .ok()
+            .filter(|&n| n >= 1)
+            .unwrap_or_else(|| exit(&format!("--layers {v}: expected a count >= 1")))
+    });
+    let s = shape(name, layers);
     let a = s.arch;
     let mut w = GgufWriter::new();
     let u = |x: usize| Value::U32(x as u32);
@@ -169,7 +187,9 @@ fn main() {
     for (k, v) in kv {
         w.add_metadata(&k, v).unwrap();
     }
-    let tok_src = flag("--tokenizer-from").map(|p| GgufFile::open(p).expect("tokenizer source"));
+    let tok_src = flag("--tokenizer-from").map(|p| {
+        GgufFile::open(&p).unwrap_or_else(|e| exit(&format!("--tokenizer-from {p}: {e}")))
+    });
     if let Some(src) = &tok_src {
         use mlaserve_model::gguf::Array;
         // Padded to the model's vocabulary with unused [PADn] tokens, as llama.cpp's
@@ -292,7 +312,9 @@ fn main() {
         w.add_tensor(name, GgmlType::F32, &dims(d), Cow::Owned(data))
             .unwrap();
     }
-    let bytes = w.write_file(out).unwrap();
+    let bytes = w
+        .write_file(out)
+        .unwrap_or_else(|e| exit(&format!("writing {out}: {e}")));
     eprintln!(
         "wrote {out}: {:.2} GB ({:.2} B bf16 params) in {:.1}s",
         bytes as f64 / 1e9,

@@ -13,6 +13,7 @@ use crate::error::ModelError;
 use crate::forward_batch::{AttentionPath, ForwardBatch};
 use crate::kv_cache::LatentCache;
 use crate::model::Model;
+use std::ops::Deref;
 use std::sync::Arc;
 
 /// Runs forward steps against a latent cache it owns.
@@ -33,23 +34,24 @@ pub trait Executor: Send {
     }
 }
 
-/// The reference executor: [`Model::forward`] on this thread (its kernels use rayon).
-pub struct CpuExecutor {
-    model: Arc<Model>,
+/// The reference executor: [`Model::forward`] on this thread (its kernels use rayon). Holds the
+/// model by `Arc` (the engine) or by reference (`score`, `doctor`: `CpuExecutor<&Model>`).
+pub struct CpuExecutor<M = Arc<Model>> {
+    model: M,
     cache: Option<LatentCache>,
 }
 
-impl CpuExecutor {
-    pub fn new(model: Arc<Model>) -> Self {
+impl<M: Deref<Target = Model>> CpuExecutor<M> {
+    pub fn new(model: M) -> Self {
         Self { model, cache: None }
     }
 
-    pub fn model(&self) -> &Arc<Model> {
+    pub fn model(&self) -> &M {
         &self.model
     }
 }
 
-impl Executor for CpuExecutor {
+impl<M: Deref<Target = Model> + Send> Executor for CpuExecutor<M> {
     fn config(&self) -> &ModelConfig {
         self.model.config()
     }

@@ -135,6 +135,51 @@ impl ForwardBatch {
     }
 
     /// Total new tokens T.
+    /// Checks the batch against a cache of `num_blocks` blocks of `block_size` slots and a
+    /// vocabulary of `vocab` ids, before any executor touches memory: every slot and block in
+    /// range, every token id < vocab. (`new` already checked that each block table covers its
+    /// sequence.) Shared by every executor, so a bad batch is the same error on every device.
+    pub fn check_against(
+        &self,
+        num_blocks: usize,
+        block_size: usize,
+        vocab: usize,
+    ) -> Result<(), ModelError> {
+        if block_size != self.block_size {
+            return Err(ModelError::Batch(format!(
+                "batch block size {} != cache block size {block_size}",
+                self.block_size
+            )));
+        }
+        let num_slots = num_blocks * block_size;
+        if let Some(&s) = self.slot_mapping.iter().max() {
+            if s >= num_slots {
+                return Err(ModelError::Batch(format!(
+                    "slot {s} past the cache's {num_slots} slots"
+                )));
+            }
+        }
+        for seq in &self.seqs {
+            let end = seq.context_len + seq.tokens.len();
+            if let Some(&b) = seq.block_table[..end.div_ceil(self.block_size)]
+                .iter()
+                .max()
+            {
+                if b as usize >= num_blocks {
+                    return Err(ModelError::Batch(format!(
+                        "block {b} past the cache's {num_blocks} blocks"
+                    )));
+                }
+            }
+        }
+        if let Some(&tok) = self.tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ModelError::Batch(format!(
+                "token id {tok} >= vocab size {vocab}"
+            )));
+        }
+        Ok(())
+    }
+
     pub fn num_tokens(&self) -> usize {
         self.tokens.len()
     }

@@ -109,45 +109,11 @@ impl Model {
     }
 
     fn check(&self, batch: &ForwardBatch, cache: &LatentCache) -> Result<(), ModelError> {
-        if cache.block_size() != batch.block_size {
-            return Err(ModelError::Batch(format!(
-                "batch block size {} != cache block size {}",
-                batch.block_size,
-                cache.block_size()
-            )));
-        }
-        if let Some(&s) = batch.slot_mapping.iter().max() {
-            if s >= cache.num_slots() {
-                return Err(ModelError::Batch(format!(
-                    "slot {s} past the cache's {} slots",
-                    cache.num_slots()
-                )));
-            }
-        }
-        for seq in &batch.seqs {
-            let end = seq.context_len + seq.tokens.len();
-            if let Some(&b) = seq.block_table[..end.div_ceil(batch.block_size)]
-                .iter()
-                .max()
-            {
-                if b as usize >= cache.num_blocks() {
-                    return Err(ModelError::Batch(format!(
-                        "block {b} past the cache's {} blocks",
-                        cache.num_blocks()
-                    )));
-                }
-            }
-        }
-        if let Some(&tok) = batch
-            .tokens
-            .iter()
-            .find(|&&t| t as usize >= self.config.vocab_size)
-        {
-            return Err(ModelError::Batch(format!(
-                "token id {tok} >= vocab size {}",
-                self.config.vocab_size
-            )));
-        }
+        batch.check_against(
+            cache.num_blocks(),
+            cache.block_size(),
+            self.config.vocab_size,
+        )?;
         if let Some(&p) = batch.positions.iter().max() {
             if p >= self.config.context_length.max(1) * 4 {
                 tracing::warn!(

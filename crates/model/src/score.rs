@@ -5,45 +5,10 @@
 //! context), logits of every position returned. With `chunk = 1` every token takes the decode
 //! path under `AttentionPath::Auto`.
 
-use crate::config::ModelConfig;
 use crate::error::ModelError;
-use crate::executor::Executor;
+use crate::executor::{CpuExecutor, Executor};
 use crate::forward_batch::{AttentionPath, ForwardBatch, LogitsWanted, SeqInput};
-use crate::kv_cache::LatentCache;
 use crate::model::Model;
-
-/// [`Model::forward`] on a borrowed model, for the `&Model` entry points.
-struct Borrowed<'a> {
-    model: &'a Model,
-    cache: Option<LatentCache>,
-}
-
-impl Executor for Borrowed<'_> {
-    fn config(&self) -> &ModelConfig {
-        self.model.config()
-    }
-    fn attention_path(&self) -> AttentionPath {
-        self.model.options().attention_path
-    }
-    fn init_cache(&mut self, num_blocks: usize, block_size: usize) -> Result<(), ModelError> {
-        self.cache = Some(LatentCache::new(
-            self.model.config(),
-            num_blocks,
-            block_size,
-        ));
-        Ok(())
-    }
-    fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>, ModelError> {
-        let cache = self
-            .cache
-            .as_mut()
-            .ok_or_else(|| ModelError::Batch("forward before init_cache".into()))?;
-        self.model.forward(batch, cache)
-    }
-    fn device(&self) -> String {
-        "cpu".into()
-    }
-}
 
 /// Block size used for scoring caches.
 pub const SCORE_BLOCK_SIZE: usize = 16;
@@ -55,7 +20,7 @@ pub fn score(
     path: AttentionPath,
     chunk: usize,
 ) -> Result<Vec<f32>, ModelError> {
-    score_on(&mut Borrowed { model, cache: None }, tokens, path, chunk)
+    score_on(&mut CpuExecutor::new(model), tokens, path, chunk)
 }
 
 /// [`score`] on any executor; (re)initializes its cache to fit `tokens`.
@@ -97,7 +62,7 @@ pub fn greedy(
     n: usize,
     path: AttentionPath,
 ) -> Result<Vec<u32>, ModelError> {
-    greedy_on(&mut Borrowed { model, cache: None }, prompt, n, path)
+    greedy_on(&mut CpuExecutor::new(model), prompt, n, path)
 }
 
 /// [`greedy`] on any executor; (re)initializes its cache to fit the sequence.

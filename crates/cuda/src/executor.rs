@@ -20,9 +20,12 @@
 //! the CPU executor does; a bad batch is an error, never an out-of-bounds write.
 
 use crate::error::{CudaError, Result};
+use crate::flash_attn::FaVariant;
 use crate::gpu::{DBuf, Gpu};
+use crate::graphs::{DecodeGraph, GraphKey, Graphs};
 use crate::nccl::NcclComm;
 use crate::ops::{AttnDims, Gemm, GemmType, KeyLists, RouteCfg};
+use crate::step_inputs::{HostInputs, KeyListHost, KeyListSet, StepInputs};
 use crate::weights::{GFfn, GLayer, GMat, GMlp, GMoe, GWeights};
 use mlaserve_model::layers::{dsa::top_k, ffn::route, rope::Rope};
 use mlaserve_model::probe::{self, PathTag};
@@ -33,6 +36,8 @@ use std::sync::Arc;
 /// (token, slot) pairs; larger ones gather rows per expert for cuBLAS GEMMs (each active
 /// expert's weights read once).
 const MOE_GEMV_MAX_TOKENS: usize = 4;
+/// Most splits of one query's key list in the absorbed decode kernel.
+const MQA_MAX_SPLITS: usize = 16;
 
 /// The bf16 latent cache (and f32 DSA index keys) of every layer.
 struct GpuCache {
@@ -59,98 +64,29 @@ pub struct CudaExecutor {
     cache: Option<GpuCache>,
     /// Tensor parallel: this rank's communicator (the model holds the rank's shard).
     comm: Option<NcclComm>,
+    /// Dense unabsorbed attention on this tensor-core kernel (flash_attn.rs): sm_80+, head
+    /// dims it holds, and not turned off by `MLASERVE_FLASH_ATTN=0`.
+    flash: Option<FaVariant>,
+    /// Captured decode steps (graphs.rs).
+    graphs: Graphs,
+    /// Whether every MoE layer routes on the GPU for small batches (a graph needs that).
+    moe_gemv_ok: bool,
+}
+
+/// Whether a MoE layer can take the small-batch path (GPU routing + expert GEMVs): the
+/// GEMV's 16-byte loads and the routing kernel's shared arrays; other shapes gather + GEMM.
+fn moe_gemv_ok(m: &GMoe, cfg: &ModelConfig) -> bool {
+    let groups = cfg.moe.as_ref().map_or(1, |mc| mc.n_group);
+    !m.experts.is_empty()
+        && cfg.hidden_size % 8 == 0
+        && m.experts[0].f % 8 == 0
+        && m.num_experts <= 1024
+        && groups <= 64
 }
 
 fn gemm_bf16(gpu: &Gpu, m: usize, x: u64, w: &GMat, out: u64, acc: bool) -> Result<()> {
     let g = Gemm::plain(GemmType::Bf16, m, w.rows, w.cols, x, w.w.ptr(), out);
     gpu.gemm(&if acc { g.accumulate() } else { g })
-}
-
-/// Per-query key lists of one step on the device (see attention.cu): which keys each token
-/// attends to, on which path, and the positions the unabsorbed path decompresses.
-struct KeyListSet {
-    /// [T] keys of unabsorbed-path tokens (0 for absorbed ones).
-    n_mha: DBuf<i32>,
-    /// [T] keys of absorbed-path tokens (0 for unabsorbed ones).
-    n_mqa: DBuf<i32>,
-    /// [T] offset into sel_pos, or -1 (dense causal).
-    sel_off: DBuf<i32>,
-    sel_pos: DBuf<i32>,
-    /// [T] first row of the token's sequence in the decompressed K/V.
-    kv_base: DBuf<i32>,
-    /// [S] cache slots of every position of the unabsorbed sequences, in order.
-    mha_slots: DBuf<i64>,
-    max_mqa: usize,
-    /// Host copies for compacting the absorbed path to its tokens.
-    n_mqa_h: Vec<i32>,
-    sel_off_h: Vec<i32>,
-}
-
-impl KeyListSet {
-    /// `selected[t]`: DSA's positions for token t, or None (all positions <= its own).
-    fn build(gpu: &Gpu, batch: &ForwardBatch, selected: &[Option<Vec<usize>>]) -> Result<Self> {
-        let t = batch.num_tokens();
-        let mut n_mha = vec![0i32; t];
-        let mut n_mqa = vec![0i32; t];
-        let mut sel_off = vec![-1i32; t];
-        let mut sel_pos: Vec<i32> = Vec::new();
-        let mut kv_base = vec![0i32; t];
-        let mut mha_slots: Vec<i64> = Vec::new();
-        let bs = batch.block_size;
-        for (s, seq) in batch.seqs.iter().enumerate() {
-            let (a, b) = (batch.seq_starts[s], batch.seq_starts[s + 1]);
-            let decode = batch.is_decode[a];
-            let base = mha_slots.len() as i32;
-            if !decode {
-                for pos in 0..seq.context_len + (b - a) {
-                    mha_slots.push((seq.block_table[pos / bs] as usize * bs + pos % bs) as i64);
-                }
-            }
-            for ti in a..b {
-                let count = match &selected[ti] {
-                    Some(sel) => {
-                        sel_off[ti] = sel_pos.len() as i32;
-                        sel_pos.extend(sel.iter().map(|&j| j as i32));
-                        sel.len()
-                    }
-                    None => batch.positions[ti] + 1,
-                } as i32;
-                if decode {
-                    n_mqa[ti] = count;
-                } else {
-                    n_mha[ti] = count;
-                    kv_base[ti] = base;
-                }
-            }
-        }
-        if sel_pos.is_empty() {
-            sel_pos.push(0);
-        }
-        Ok(Self {
-            max_mqa: n_mqa.iter().copied().max().unwrap_or(0) as usize,
-            n_mqa_h: n_mqa.clone(),
-            sel_off_h: sel_off.clone(),
-            n_mha: gpu.upload(&n_mha)?,
-            n_mqa: gpu.upload(&n_mqa)?,
-            sel_off: gpu.upload(&sel_off)?,
-            sel_pos: gpu.upload(&sel_pos)?,
-            kv_base: gpu.upload(&kv_base)?,
-            mha_slots: gpu.upload(&mha_slots)?,
-        })
-    }
-}
-
-/// Per-step host arrays uploaded once.
-struct StepInputs {
-    /// Key lists of layers without a DSA selection (all of them for DeepSeek).
-    dense: KeyListSet,
-    tokens: DBuf<u32>,
-    slots: DBuf<i64>,
-    cos: DBuf<f32>,
-    sin: DBuf<f32>,
-    block_tables: DBuf<i32>,
-    bt_off: DBuf<i32>,
-    bt_off_h: Vec<i32>,
 }
 
 impl CudaExecutor {
@@ -175,6 +111,16 @@ impl CudaExecutor {
         );
         let cfg = model.config();
         let rope = Rope::new(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.yarn.as_ref());
+        let qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim;
+        let moe_gemv_ok = w.layers.iter().all(|l| match &l.ffn {
+            GFfn::Moe(m) => moe_gemv_ok(m, cfg),
+            GFfn::Dense(_) => true,
+        });
+        let flash = FaVariant::for_dims(qk, cfg.v_head_dim).filter(|f| {
+            std::env::var("MLASERVE_FLASH_ATTN").map_or(true, |v| v != "0")
+                && gpu.has_flash_attn()
+                && f.smem_bytes() <= gpu.max_smem_per_block
+        });
         Ok(Self {
             model,
             gpu,
@@ -182,6 +128,9 @@ impl CudaExecutor {
             rope,
             cache: None,
             comm,
+            flash,
+            graphs: Graphs::new(),
+            moe_gemv_ok,
         })
     }
 
@@ -250,8 +199,21 @@ impl CudaExecutor {
         &self.gpu
     }
 
-    fn inputs(&self, batch: &ForwardBatch) -> Result<StepInputs> {
-        let gpu = &self.gpu;
+    /// Turns CUDA graphs for decode steps on or off (on unless `MLASERVE_CUDA_GRAPHS=0`);
+    /// off drops the graphs kept.
+    pub fn set_cuda_graphs(&mut self, on: bool) {
+        self.graphs.enabled = on;
+        if !on {
+            self.graphs.clear();
+        }
+    }
+
+    /// Decode shapes captured as CUDA graphs so far.
+    pub fn cuda_graphs(&self) -> usize {
+        self.graphs.len()
+    }
+
+    fn host_inputs(&self, batch: &ForwardBatch) -> HostInputs {
         let t = batch.num_tokens();
         let half = self.model.config().qk_rope_head_dim / 2;
         let mut cos = Vec::with_capacity(t * half);
@@ -270,20 +232,102 @@ impl CudaExecutor {
                 bt_off.push(off);
             }
         }
-        let slots: Vec<i64> = batch.slot_mapping.iter().map(|&s| s as i64).collect();
-        Ok(StepInputs {
-            dense: KeyListSet::build(gpu, batch, &vec![None; t])?,
-            tokens: gpu.upload(&batch.tokens)?,
-            slots: gpu.upload(&slots)?,
-            cos: gpu.upload(&cos)?,
-            sin: gpu.upload(&sin)?,
-            block_tables: gpu.upload(&tables)?,
-            bt_off: gpu.upload(&bt_off)?,
-            bt_off_h: bt_off,
-        })
+        HostInputs {
+            dense: KeyListHost::build(batch, &vec![None; t], self.flash),
+            tokens: batch.tokens.clone(),
+            slots: batch.slot_mapping.iter().map(|&s| s as i64).collect(),
+            cos,
+            sin,
+            block_tables: tables,
+            bt_off,
+            logit_rows: batch.logits_indices().iter().map(|&i| i as i32).collect(),
+        }
     }
 
-    fn step(&self, batch: &ForwardBatch) -> Result<Vec<f32>> {
+    /// The graph shape of this step, if it can be replayed from a CUDA graph (graphs.rs).
+    fn graph_key(&self, batch: &ForwardBatch, h: &HostInputs) -> Option<GraphKey> {
+        let cfg = self.model.config();
+        let t = batch.num_tokens();
+        let moe = cfg.moe.is_some();
+        if !self.graphs.enabled
+            || self.comm.is_some()
+            || probe::active()
+            || cfg.indexer.is_some()
+            || !batch.is_decode.iter().all(|&d| d)
+            || h.logit_rows.len() != t
+            || (moe && (t > MOE_GEMV_MAX_TOKENS || !self.moe_gemv_ok))
+        {
+            return None;
+        }
+        let heads = self.w.layers.first()?.mla.num_heads;
+        let splits = self
+            .gpu
+            .mqa_tc_splits(t, heads, h.dense.max_mqa(), MQA_MAX_SPLITS)
+            .ok()?;
+        let key = GraphKey { tokens: t, splits };
+        (!self.graphs.refused(&key)).then_some(key)
+    }
+
+    /// A decode step from its graph: captured on first sight of its shape, replayed after.
+    fn step_graph(
+        &mut self,
+        batch: &ForwardBatch,
+        h: &HostInputs,
+        key: GraphKey,
+    ) -> Result<Vec<f32>> {
+        let rows = h.logit_rows.len() * self.model.config().vocab_size;
+        if let Some(mut g) = self.graphs.take(&key) {
+            let r = g.inputs.write(&self.gpu, h).and_then(|_| {
+                g.graph
+                    .launch()
+                    .map_err(|e| CudaError::driver("launching a decode graph", e))?;
+                self.gpu.read_f32_at(g.logits, rows)
+            });
+            self.graphs.put(key, g);
+            return r;
+        }
+        let cap = self.cache.as_ref().map_or(0, |c| c.num_blocks) * key.tokens;
+        let inputs = StepInputs::new(&self.gpu, h, Some(cap))?;
+        self.gpu.begin_capture()?;
+        let body = self.body(batch, &inputs);
+        let graph = self.gpu.end_capture();
+        match (body, graph) {
+            (Ok(Some(logits)), Ok(graph)) => {
+                graph
+                    .launch()
+                    .map_err(|e| CudaError::driver("launching a decode graph", e))?;
+                let out = self.gpu.read_f32_at(logits.ptr(), rows)?;
+                let logits = logits.ptr();
+                self.graphs.put(
+                    key,
+                    DecodeGraph {
+                        graph,
+                        inputs,
+                        logits,
+                    },
+                );
+                tracing::debug!("captured decode graph {key:?} ({} kept)", self.graphs.len());
+                Ok(out)
+            }
+            (body, graph) => {
+                let why = match (body, graph) {
+                    (Err(e), _) | (_, Err(e)) => e.to_string(),
+                    _ => "no logits".to_string(),
+                };
+                tracing::warn!(
+                    "decode steps of {} tokens ({} splits) run without a CUDA graph: capture failed: {why}",
+                    key.tokens,
+                    key.splits
+                );
+                self.graphs.refuse(key);
+                let inputs = StepInputs::new(&self.gpu, h, None)?;
+                let logits = self.body(batch, &inputs)?;
+                self.logits_to_host(logits)
+            }
+        }
+    }
+
+    fn step(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>> {
         let cache = self.cache.as_ref().ok_or_else(|| {
             CudaError::Model(ModelError::Batch(
                 "forward before init_cache: no latent cache".into(),
@@ -294,11 +338,48 @@ impl CudaExecutor {
             cache.block_size,
             self.model.config().vocab_size,
         )?;
+        probe::begin_step(&batch.positions);
+        let h = self.host_inputs(batch);
+        let r = match self.graph_key(batch, &h) {
+            Some(key) => self.step_graph(batch, &h, key),
+            None => StepInputs::new(&self.gpu, &h, None)
+                .and_then(|inp| self.body(batch, &inp))
+                .and_then(|logits| self.logits_to_host(logits)),
+        };
+        probe::end_step().map_err(|e| CudaError::Invalid(format!("--dump: {e}")))?;
+        r
+    }
+
+    /// Device logits (or none: no row wants them, or not rank 0) to the host.
+    fn logits_to_host(&self, logits: Option<DBuf<f32>>) -> Result<Vec<f32>> {
+        let Some(logits) = logits else {
+            self.gpu.sync()?;
+            return Ok(Vec::new());
+        };
+        let out = self.gpu.to_host(&logits)?;
+        let vocab = self.model.config().vocab_size;
+        probe::probe(
+            None,
+            "logits",
+            PathTag::None,
+            &[out.len() / vocab, vocab],
+            &out,
+        );
+        Ok(out)
+    }
+
+    /// The step's work on the stream, from the embedding to the logits [rows, vocab] f32 of
+    /// `inp.logit_rows` (None when no row wants logits or on ranks other than 0). Reads
+    /// nothing back to the host, so it can be captured into a CUDA graph (decode steps).
+    fn body(&self, batch: &ForwardBatch, inp: &StepInputs) -> Result<Option<DBuf<f32>>> {
+        let cache = self.cache.as_ref().ok_or_else(|| {
+            CudaError::Model(ModelError::Batch(
+                "forward before init_cache: no latent cache".into(),
+            ))
+        })?;
         let cfg = self.model.config();
         let gpu = &self.gpu;
         let (t, h) = (batch.num_tokens(), cfg.hidden_size);
-        probe::begin_step(&batch.positions);
-        let inp = self.inputs(batch)?;
         let x = gpu.alloc::<f32>(t * h)?;
         gpu.embed(&self.w.embed.w, &inp.tokens, x.ptr(), h)?;
         let hn = gpu.alloc::<f32>(t * h)?;
@@ -329,7 +410,7 @@ impl CudaExecutor {
             )?;
             let part = self.partial(&x)?;
             let target = part.as_ref().map_or(x.ptr(), |p| p.ptr());
-            self.attention(li, layer, batch, &inp, cache, &hnb, target)?;
+            self.attention(li, layer, batch, inp, cache, &hnb, target)?;
             self.finish_partial(&x, part)?;
             gpu.rms_norm(
                 t,
@@ -353,28 +434,23 @@ impl CudaExecutor {
             self.finish_partial(&x, part)?;
             self.probe_dev(Some(li), "out", PathTag::None, &[t, h], x.ptr(), t, h, h)?;
         }
-        let r = self.logits(batch, &x);
-        probe::end_step().map_err(|e| CudaError::Invalid(format!("--dump: {e}")))?;
-        r
+        self.logits(inp, &x)
     }
 
-    /// Final norm and lm_head for the rows that want logits (rank 0 only).
-    fn logits(&self, batch: &ForwardBatch, x: &DBuf<f32>) -> Result<Vec<f32>> {
+    /// Final norm and lm_head for the rows that want logits (rank 0 only), on the device.
+    fn logits(&self, inp: &StepInputs, x: &DBuf<f32>) -> Result<Option<DBuf<f32>>> {
         let gpu = &self.gpu;
         let cfg = self.model.config();
-        let h = cfg.hidden_size;
-        let idx: Vec<i32> = batch.logits_indices().iter().map(|&i| i as i32).collect();
-        if idx.is_empty() || self.rank() != 0 {
-            gpu.sync()?;
-            return Ok(Vec::new());
+        let (h, rows) = (cfg.hidden_size, inp.n_logits);
+        if rows == 0 || self.rank() != 0 {
+            return Ok(None);
         }
-        let rows = gpu.upload(&idx)?;
-        let last = gpu.alloc::<u16>(idx.len() * h)?;
+        let last = gpu.alloc::<u16>(rows * h)?;
         gpu.rms_norm(
-            idx.len(),
+            rows,
             x.ptr(),
             h,
-            rows.ptr(),
+            inp.logit_rows.ptr(),
             self.w.output_norm.ptr(),
             0,
             0,
@@ -383,24 +459,9 @@ impl CudaExecutor {
             h,
             cfg.rms_norm_eps,
         )?;
-        let logits = gpu.alloc::<f32>(idx.len() * cfg.vocab_size)?;
-        gemm_bf16(
-            gpu,
-            idx.len(),
-            last.ptr(),
-            &self.w.lm_head,
-            logits.ptr(),
-            false,
-        )?;
-        let out = gpu.to_host(&logits)?;
-        probe::probe(
-            None,
-            "logits",
-            PathTag::None,
-            &[idx.len(), cfg.vocab_size],
-            &out,
-        );
-        Ok(out)
+        let logits = gpu.alloc::<f32>(rows * cfg.vocab_size)?;
+        gemm_bf16(gpu, rows, last.ptr(), &self.w.lm_head, logits.ptr(), false)?;
+        Ok(Some(logits))
     }
 
     /// SwiGLU MLP on bf16 rows xb [m, H], accumulated into out [m, H].
@@ -432,14 +493,7 @@ impl CudaExecutor {
             m.router.ptr(),
             logits.ptr(),
         ))?;
-        // The GEMV path's limits (16-byte loads, the routing kernel's shared arrays); other
-        // shapes take the gather + GEMM path.
-        let gemv_ok = !m.experts.is_empty()
-            && h % 8 == 0
-            && m.experts[0].f % 8 == 0
-            && e <= 1024
-            && mc.n_group <= 64;
-        if t <= MOE_GEMV_MAX_TOKENS && gemv_ok {
+        if t <= MOE_GEMV_MAX_TOKENS && moe_gemv_ok(m, cfg) {
             return self.moe_small(m, mc, t, &logits, hnb, out);
         }
         let logits = gpu.to_host(&logits)?;
@@ -668,7 +722,7 @@ impl CudaExecutor {
         let lists = if selected.iter().all(Option::is_none) {
             &inp.dense
         } else {
-            per_layer = KeyListSet::build(gpu, batch, &selected)?;
+            per_layer = KeyListSet::build(gpu, batch, &selected, self.flash)?;
             &per_layer
         };
         let bs = batch.block_size;
@@ -710,21 +764,43 @@ impl CudaExecutor {
         let (kpe_p, kn_p, v_p) = mha
             .as_ref()
             .map_or((0, 0, 0), |(a, b, c)| (a.ptr(), b.ptr(), c.ptr()));
-        let keys = KeyLists {
-            n_keys: lists.n_mha.ptr(),
-            sel_off: lists.sel_off.ptr(),
-            sel_pos: lists.sel_pos.ptr(),
-        };
-        gpu.attn_mha(
-            &dims,
-            q.ptr(),
-            kn_p,
-            kpe_p,
-            v_p,
-            attn_out.ptr(),
-            &keys,
-            lists.kv_base.ptr(),
-        )?;
+        // Rows of attn_out: the CUDA-core kernel writes every row (zeros past its tokens);
+        // without it the absorbed path's rows must start at zero before they are added to.
+        if lists.any_mha {
+            let keys = KeyLists {
+                n_keys: lists.n_mha.ptr(),
+                sel_off: lists.sel_off.ptr(),
+                sel_pos: lists.sel_pos.ptr(),
+            };
+            gpu.attn_mha(
+                &dims,
+                q.ptr(),
+                kn_p,
+                kpe_p,
+                v_p,
+                attn_out.ptr(),
+                &keys,
+                lists.kv_base.ptr(),
+            )?;
+        } else if lists.max_mqa > 0 && lists.n_flash_tiles > 0 {
+            gpu.zero(&attn_out)?;
+        }
+        if let (Some(f), true) = (&self.flash, lists.n_flash_tiles > 0) {
+            gpu.attn_flash(
+                &dims,
+                f,
+                q.ptr(),
+                kn_p,
+                kpe_p,
+                v_p,
+                s_total,
+                attn_out.ptr(),
+                lists.flash_tiles.ptr(),
+                lists.n_flash_tiles,
+                lists.n_flash.ptr(),
+                lists.kv_base.ptr(),
+            )?;
+        }
         if lists.max_mqa > 0 {
             let dec: Vec<usize> = (0..t).filter(|&i| lists.n_mqa_h[i] > 0).collect();
             if dec.len() == t {
@@ -743,7 +819,7 @@ impl CudaExecutor {
                     inp,
                     cache,
                     attn_out.ptr(),
-                    1.0,
+                    0.0,
                 )?;
             } else {
                 // Mixed batch: the absorbed path runs on its tokens only, compacted.
@@ -881,7 +957,7 @@ impl CudaExecutor {
         // The tensor-core kernel (16/32 heads per block) and its measured split rule; it
         // falls back to the CUDA-core kernel for other latent widths, older GPUs or too
         // little shared memory.
-        let splits = gpu.mqa_tc_splits(t, n, max_keys, 16)?;
+        let splits = gpu.mqa_tc_splits(t, n, max_keys, MQA_MAX_SPLITS)?;
         let part = gpu.alloc::<f32>(t * n * splits * l)?;
         let lse = gpu.alloc::<f32>(t * n * splits)?;
         let o_lat = gpu.alloc::<u16>(t * n * l)?;
@@ -1028,6 +1104,7 @@ impl Executor for CudaExecutor {
             )));
         }
         self.cache = None; // free the old cache first
+        self.graphs.clear(); // they hold the old cache's addresses
         let cfg = self.model.config();
         let slots = num_blocks * block_size;
         let layers = cfg.num_layers;
@@ -1050,17 +1127,15 @@ impl Executor for CudaExecutor {
     }
 
     fn forward(&mut self, batch: &ForwardBatch) -> std::result::Result<Vec<f32>, ModelError> {
-        // The guard ends the arena step even if the step panics (the engine catches panics
-        // and keeps serving; a step left open would hand arena views to init_cache).
-        struct StepGuard<'a>(&'a Gpu);
-        impl Drop for StepGuard<'_> {
-            fn drop(&mut self) {
-                self.0.end_step();
-            }
-        }
+        // The arena step ends even if the step panics (the engine catches panics and keeps
+        // serving; a step left open would hand arena views to init_cache).
         self.gpu.begin_step();
-        let _guard = StepGuard(&self.gpu);
-        Ok(self.step(batch)?)
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step(batch)));
+        self.gpu.end_step();
+        match r {
+            Ok(r) => Ok(r?),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
     }
 
     fn take_comm_seconds(&mut self) -> Option<f64> {

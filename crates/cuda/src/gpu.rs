@@ -97,6 +97,7 @@ pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     blas: blas_sys::cublasHandle_t,
+    blas_ws: u64,
     funcs: HashMap<&'static str, CudaFunction>,
     pub name: String,
     pub ordinal: usize,
@@ -124,6 +125,7 @@ struct Arena {
 }
 
 const ARENA_CHUNK: usize = 256 << 20;
+const BLAS_WORKSPACE: usize = 32 << 20;
 const ARENA_ALIGN: usize = 256;
 
 // SAFETY: the context, stream and cuBLAS handle move with the Gpu to the thread that drives
@@ -146,7 +148,10 @@ impl Gpu {
             CudaContext::new(ordinal).map_err(|e| CudaError::driver("creating the context", e))?;
         // SAFETY: before any allocation on this context; we order all work on one stream.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        // A stream of our own, not the legacy default one: CUDA graphs are captured from it.
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| CudaError::driver("creating the stream", e))?;
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let (maj, min) = ctx
             .compute_capability()
@@ -192,10 +197,25 @@ impl Gpu {
                 msg: format!("{e:?}"),
             }
         })?;
+        // A workspace of our own, so cuBLAS never allocates while a graph is captured.
+        // SAFETY: plain device allocation, freed in drop after the handle.
+        let blas_ws = unsafe { drv::malloc_sync(BLAS_WORKSPACE) }
+            .map_err(|e| CudaError::driver("allocating the cuBLAS workspace", e))?;
+        // SAFETY: a valid handle and a live allocation of BLAS_WORKSPACE bytes.
+        let st = unsafe {
+            blas_sys::cublasSetWorkspace_v2(blas, blas_ws as *mut std::ffi::c_void, BLAS_WORKSPACE)
+        };
+        if st != blas_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(CudaError::Cublas {
+                op: "set_workspace".into(),
+                msg: format!("{st:?}"),
+            });
+        }
         Ok(Self {
             ctx,
             stream,
             blas,
+            blas_ws,
             funcs,
             name,
             ordinal,
@@ -289,6 +309,41 @@ impl Gpu {
             owned: true,
             _t: PhantomData,
         })
+    }
+
+    /// An allocation outside the step arena even while a step is open (buffers a CUDA graph
+    /// reads at fixed addresses across steps); freed when dropped.
+    pub fn alloc_persistent<T>(&self, len: usize) -> Result<DBuf<T>> {
+        let was = std::mem::replace(
+            &mut self.arena.lock().unwrap_or_else(|e| e.into_inner()).active,
+            false,
+        );
+        let r = self.alloc::<T>(len);
+        self.arena.lock().unwrap_or_else(|e| e.into_inner()).active = was;
+        r
+    }
+
+    /// Starts capturing the stream's work into a CUDA graph (relaxed mode: the arena may
+    /// still grow by cuMemAlloc meanwhile). Nothing runs until the graph is launched.
+    pub fn begin_capture(&self) -> Result<()> {
+        self.stream
+            .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(|e| CudaError::driver("beginning graph capture", e))
+    }
+
+    /// Ends a capture begun by [`Gpu::begin_capture`] and instantiates the graph.
+    pub fn end_capture(&self) -> Result<cudarc::driver::CudaGraph> {
+        self.stream
+            .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
+            .map_err(|e| CudaError::driver("ending graph capture", e))?
+            .ok_or_else(|| CudaError::Invalid("graph capture recorded no work".into()))
+    }
+
+    /// Sets every byte of `d` to zero (on the stream).
+    pub fn zero<T>(&self, d: &DBuf<T>) -> Result<()> {
+        // SAFETY: d is a live allocation of d.bytes() bytes.
+        unsafe { drv::memset_d8_async(d.ptr, 0, d.bytes(), self.stream.cu_stream()) }
+            .map_err(|e| CudaError::driver("memset", e))
     }
 
     /// Allocation filled with byte `b` (0 = zeros; 0xff = NaN poison for f32/bf16).
@@ -532,5 +587,7 @@ impl Drop for Gpu {
         }
         // SAFETY: created in new, destroyed once.
         let _ = unsafe { blas::destroy_handle(self.blas) };
+        // SAFETY: allocated in new; the handle using it is gone.
+        let _ = unsafe { drv::free_sync(self.blas_ws) };
     }
 }

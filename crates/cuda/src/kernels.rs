@@ -15,6 +15,7 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/moe.cu"),
     include_str!("../kernels/mla_decode.cu"),
     include_str!("../kernels/qgemv.cu"),
+    include_str!("../kernels/flash_attn.cu"),
 );
 
 /// Kernel names exported by [`SOURCE`] (each is loaded at start, so a missing one fails early).
@@ -62,6 +63,15 @@ pub const NAMES: &[&str] = &[
     "qgemv_q4_k_m8r2",
     "dequant_q8_0_bf16",
     "dequant_q4_k_bf16",
+    "fa_pack_q",
+    "fa_pack_kv",
+    "fa_fwd_d64",
+    "fa_fwd_d128",
+    "fa_fwd_d192v128",
+    "fa_fwd_d256",
+    "fa_fwd_d192v128_w8",
+    "fa_fwd_d256_w8",
+    "fa_fwd_d256_w8n32",
 ];
 
 /// NVRTC's name for a compute capability.

@@ -11,12 +11,15 @@
 
 pub mod error;
 pub mod executor;
+pub mod flash_attn;
 pub mod gpu;
+mod graphs;
 pub mod kernels;
 pub mod mla_decode;
 pub mod nccl;
 pub mod ops;
 pub mod qgemv;
+mod step_inputs;
 pub mod tp;
 pub mod weights;
 

@@ -9,6 +9,7 @@
 //! `MLASERVE_OP_REPORT=path.json` writes the table with the GPU and driver.
 
 use mlaserve_backend::{rms_norm, silu_mul};
+use mlaserve_cuda::flash_attn::{fa_tiles, FaVariant, FA_LAB_VARIANTS, FA_VARIANTS};
 use mlaserve_cuda::ops::{AttnDims, Gemm, GemmType, KeyLists};
 use mlaserve_cuda::{DBuf, Gpu};
 use mlaserve_model::layers::attention::attend;
@@ -619,6 +620,9 @@ fn attention(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         (16, 128, 64, 128, 50, 20, false),
         (8, 192, 64, 256, 30, 25, true),
         (4, 32, 16, 32, 5, 9, false),
+        (16, 128, 64, 128, 70, 130, false),
+        (8, 192, 64, 256, 30, 70, false),
+        (2, 64, 64, 128, 3, 66, false),
     ] {
         let s = ctx + t;
         let q = rng.vec(t * heads * (p + r), 1.0);
@@ -705,7 +709,36 @@ fn attention(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             p + r,
             if sparse { " topk16" } else { "" }
         );
-        rep.check("attn_mha", name, "f32", rel_err(&got, &want), 1e-4);
+        rep.check("attn_mha", name.clone(), "f32", rel_err(&got, &want), 1e-4);
+        // The tensor-core kernels holding these dims, on the same dense lists (bf16 q, k, v
+        // and P).
+        let fits = |f: &&FaVariant| f.dq >= p + r && f.dv >= v && gpu.fa_check(&dims, f).is_ok();
+        for f in FA_VARIANTS.iter().chain(&FA_LAB_VARIANTS).filter(fits) {
+            if sparse {
+                break;
+            }
+            let tiles = fa_tiles(&[(0, t)], &n_keys, f.bm());
+            let td = gpu.upload(&tiles).unwrap();
+            let out = poisoned::<f32>(gpu, t * heads * v);
+            gpu.attn_flash(
+                &dims,
+                f,
+                qd.ptr(),
+                knd.ptr(),
+                kpd.ptr(),
+                vd.ptr(),
+                s,
+                out.ptr(),
+                td.ptr(),
+                tiles.len() / 2,
+                nk.ptr(),
+                kb.ptr(),
+            )
+            .unwrap();
+            let got = gpu.to_host(&out).unwrap();
+            let err = rel_err(&got, &want);
+            rep.check(f.kernel, name.clone(), "bf16 qkv", err, 1.0 / 128.0);
+        }
     }
     // Cache write + gather back (exact), and the DSA indexer scores.
     let (t, w, l, bs) = (5, 576, 512, 16);

@@ -1,0 +1,264 @@
+//! Tensor-core prefill attention (`kernels/flash_attn.cu`): the contract of [`Gpu::attn_mha`]
+//! for dense causal key lists (token t attends to positions 0..n_keys[t] of its sequence, found
+//! at rows kv_base[t] + p of the decompressed K/V), in the FlashAttention-2 scheme on mma.sync
+//! m16n8k16 bf16 tensor cores.
+//!
+//! Invariants:
+//! - Work comes as query tiles ([`fa_tiles`]): up to [`FA_BM`] consecutive tokens of one
+//!   sequence each, so every row of a tile shares kv_base. Rows outside the tiles are not
+//!   written.
+//! - q, k and v are packed into bf16 first (zero-padded per head to the variant's widths,
+//!   which changes no dot product); scores, softmax, sums and the output stay f32.
+//! - sm_80 or newer; qk ≤ 256 and v ≤ 256 ([`FaVariant::for_dims`]). Otherwise, and for DSA's
+//!   sparse key lists, the CUDA-core `attn_mha` runs.
+//!
+//! Measured variants, the peer (torch SDPA: cuDNN and FlashAttention-2) and the ceilings:
+//! bench/cuda/flash_attn.md.
+
+use crate::args;
+use crate::error::{CudaError, Result};
+use crate::gpu::{DBuf, Gpu};
+use crate::ops::AttnDims;
+use cudarc::driver::LaunchConfig;
+
+/// One compiled variant (an FA_ENTRY line of flash_attn.cu): head widths (q/k and v,
+/// zero-padded up to them), keys per tile, warps (16 query rows each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FaVariant {
+    pub kernel: &'static str,
+    pub dq: usize,
+    pub dv: usize,
+    pub bn: usize,
+    pub warps: usize,
+}
+
+const fn fa(kernel: &'static str, dq: usize, dv: usize, bn: usize, warps: usize) -> FaVariant {
+    FaVariant {
+        kernel,
+        dq,
+        dv,
+        bn,
+        warps,
+    }
+}
+
+/// The variants the executor uses, narrowest first.
+pub const FA_VARIANTS: [FaVariant; 4] = [
+    fa("fa_fwd_d64", 64, 64, 64, 4),
+    fa("fa_fwd_d128", 128, 128, 64, 4),
+    fa("fa_fwd_d192v128", 192, 128, 64, 4),
+    fa("fa_fwd_d256", 256, 256, 32, 4),
+];
+
+/// Further variants timed by the kernel lab (examples/flash_attn.rs).
+pub const FA_LAB_VARIANTS: [FaVariant; 3] = [
+    fa("fa_fwd_d192v128_w8", 192, 128, 64, 8),
+    fa("fa_fwd_d256_w8", 256, 256, 64, 8),
+    fa("fa_fwd_d256_w8n32", 256, 256, 32, 8),
+];
+
+impl FaVariant {
+    /// The narrowest variant holding qk = P+R and v, if any.
+    pub fn for_dims(qk: usize, v: usize) -> Option<FaVariant> {
+        FA_VARIANTS
+            .iter()
+            .copied()
+            .find(|f| f.dq >= qk && f.dv >= v)
+    }
+
+    /// Query rows per tile.
+    pub fn bm(&self) -> usize {
+        16 * self.warps
+    }
+
+    /// Dynamic shared memory of one block: Q [bm][dq+8], K [2][bn][dq+8], V [2][bn][dv+8] bf16.
+    pub fn smem_bytes(&self) -> usize {
+        2 * (self.bm() * (self.dq + 8) + 2 * self.bn * (self.dq + 8) + 2 * self.bn * (self.dv + 8))
+    }
+}
+
+/// Query tiles for the token ranges `[start, end)` of the sequences taking this path: pairs
+/// (first token, token count), at most `bm` ([`FaVariant::bm`]) tokens each and never across
+/// a range. Longest key lists first (the last tile of a long prompt has the most keys), so
+/// the heaviest blocks start first.
+pub fn fa_tiles(ranges: &[(usize, usize)], n_keys: &[i32], bm: usize) -> Vec<i32> {
+    let mut tiles: Vec<(i32, i32, i32)> = Vec::new();
+    for &(a, b) in ranges {
+        let mut t = a;
+        while t < b {
+            let n = (b - t).min(bm);
+            let work = n_keys[t..t + n].iter().copied().max().unwrap_or(0);
+            tiles.push((work, t as i32, n as i32));
+            t += n;
+        }
+    }
+    tiles.sort_by_key(|x| std::cmp::Reverse(x.0));
+    tiles.into_iter().flat_map(|(_, t, n)| [t, n]).collect()
+}
+
+impl Gpu {
+    /// Whether this GPU runs the tensor-core prefill kernels (bf16 mma and cp.async: sm_80).
+    pub fn has_flash_attn(&self) -> bool {
+        let sm: u32 = self
+            .arch
+            .trim_start_matches("sm_")
+            .trim_end_matches('a')
+            .parse()
+            .unwrap_or(0);
+        sm >= 80
+    }
+
+    /// Tensor-core causal attention with variant `f` for the tokens of `tiles` ([`fa_tiles`]
+    /// with `f.bm()`, `n_tiles` pairs): q [T, N*(P+R)], k_nope [S, N*P], kpe [S, R],
+    /// v [S, N*V] f32 → out [T, N*V] f32 (tiled rows only). `n_keys` [T] and `kv_base` [T] as
+    /// for [`Gpu::attn_mha`] (dense lists).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_flash(
+        &self,
+        d: &AttnDims,
+        f: &FaVariant,
+        q: u64,
+        k_nope: u64,
+        kpe: u64,
+        v: u64,
+        s_rows: usize,
+        out: u64,
+        tiles: u64,
+        n_tiles: usize,
+        n_keys: u64,
+        kv_base: u64,
+    ) -> Result<()> {
+        self.fa_check(d, f)?;
+        let (qb, kb, vb) = self.fa_pack(d, f, q, k_nope, kpe, v, s_rows)?;
+        self.attn_flash_packed(d, f, &qb, &kb, &vb, out, tiles, n_tiles, n_keys, kv_base)
+    }
+
+    /// Whether variant `f` runs `d`'s head dims on this GPU; the error names why not.
+    pub fn fa_check(&self, d: &AttnDims, f: &FaVariant) -> Result<()> {
+        let qk = d.p + d.r;
+        if f.dq < qk || f.dv < d.v {
+            return Err(CudaError::Invalid(format!(
+                "{} holds qk <= {} and v <= {}, the model has qk={qk} v={}",
+                f.kernel, f.dq, f.dv, d.v
+            )));
+        }
+        if !self.has_flash_attn() {
+            return Err(CudaError::Invalid(format!(
+                "tensor-core attention needs sm_80 or newer, this GPU is {}",
+                self.arch
+            )));
+        }
+        if f.smem_bytes() > self.max_smem_per_block {
+            return Err(CudaError::Invalid(format!(
+                "{} needs {} bytes of shared memory per block, this GPU allows {}",
+                f.kernel,
+                f.smem_bytes(),
+                self.max_smem_per_block
+            )));
+        }
+        Ok(())
+    }
+
+    /// Packs q [T, N*(P+R)] → qb [T, N, dq] and k_nope/kpe/v → kb [S, N, dq], vb [S, N, dv],
+    /// bf16, zero-padded per head.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fa_pack(
+        &self,
+        d: &AttnDims,
+        f: &FaVariant,
+        q: u64,
+        k_nope: u64,
+        kpe: u64,
+        v: u64,
+        s_rows: usize,
+    ) -> Result<(DBuf<u16>, DBuf<u16>, DBuf<u16>)> {
+        let n = d.heads;
+        let qb = self.alloc::<u16>(d.t * n * f.dq)?;
+        let kb = self.alloc::<u16>(s_rows * n * f.dq)?;
+        let vb = self.alloc::<u16>(s_rows * n * f.dv)?;
+        let grid = |rows: usize| rows.div_ceil(8) as u32;
+        let (rows, qk, dq) = ((d.t * n) as i32, (d.p + d.r) as i32, f.dq as i32);
+        let (qb_p, kb_p, vb_p) = (qb.ptr(), kb.ptr(), vb.ptr());
+        self.launch(
+            "fa_pack_q",
+            Gpu::cfg((grid(d.t * n), 1, 1), 256),
+            &args![q, qb_p, rows, qk, dq],
+        )?;
+        let (s_i, nh, p, r, vd, dv) = (
+            s_rows as i32,
+            n as i32,
+            d.p as i32,
+            d.r as i32,
+            d.v as i32,
+            f.dv as i32,
+        );
+        self.launch(
+            "fa_pack_kv",
+            Gpu::cfg((grid(s_rows * n), 1, 1), 256),
+            &args![k_nope, kpe, v, kb_p, vb_p, s_i, nh, p, r, vd, dq, dv],
+        )?;
+        Ok((qb, kb, vb))
+    }
+
+    /// The attention kernel on packed inputs ([`Gpu::fa_pack`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_flash_packed(
+        &self,
+        d: &AttnDims,
+        f: &FaVariant,
+        qb: &DBuf<u16>,
+        kb: &DBuf<u16>,
+        vb: &DBuf<u16>,
+        out: u64,
+        tiles: u64,
+        n_tiles: usize,
+        n_keys: u64,
+        kv_base: u64,
+    ) -> Result<()> {
+        let smem = f.smem_bytes();
+        self.raise_smem(f.kernel, smem)?;
+        let (nh, vd) = (d.heads as i32, d.v as i32);
+        let scale_log2 = d.scale * std::f32::consts::LOG2_E;
+        let cfg = LaunchConfig {
+            grid_dim: (n_tiles as u32, d.heads as u32, 1),
+            block_dim: (32 * f.warps as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let (qb, kb, vb) = (qb.ptr(), kb.ptr(), vb.ptr());
+        self.launch(
+            f.kernel,
+            cfg,
+            &args![qb, kb, vb, out, tiles, n_keys, kv_base, nh, vd, scale_log2],
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variants_fit_the_h200_and_cover_mla_shapes() {
+        for f in FA_VARIANTS.iter().chain(&FA_LAB_VARIANTS) {
+            assert!(f.smem_bytes() <= 227 * 1024, "{f:?}");
+            assert_eq!(f.bn % 16, 0);
+        }
+        assert_eq!(
+            FaVariant::for_dims(192, 128).unwrap().kernel,
+            "fa_fwd_d192v128"
+        );
+        assert_eq!(FaVariant::for_dims(256, 256).unwrap().kernel, "fa_fwd_d256");
+        assert_eq!(FaVariant::for_dims(48, 32).unwrap().kernel, "fa_fwd_d64");
+        assert_eq!(FaVariant::for_dims(192, 192).unwrap().kernel, "fa_fwd_d256");
+        assert!(FaVariant::for_dims(320, 128).is_none());
+    }
+
+    #[test]
+    fn tiles_stay_inside_sequences_heaviest_first() {
+        // Sequences of 70 and 3 tokens; the second has 100 cached positions.
+        let mut n_keys: Vec<i32> = (1..=70).collect();
+        n_keys.extend([101, 102, 103]);
+        let t = fa_tiles(&[(0, 70), (70, 73)], &n_keys, 64);
+        assert_eq!(t, vec![70, 3, 64, 6, 0, 64]);
+    }
+}

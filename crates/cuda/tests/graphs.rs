@@ -1,0 +1,111 @@
+//! CUDA graphs replay decode steps exactly: the same decode steps with graphs on and off give
+//! bit-identical logits — across batch sizes 3, 2 and 1 and context lengths that cross a
+//! split-count boundary of the absorbed kernel (256 keys): three graph shapes — and with a
+//! cache replaced between runs (init_cache drops the graphs). GLM-5's DSA indexer keeps its decode
+//! steps eager (no graph is captured). On a host without CUDA the test prints why and passes.
+
+use mlaserve_cuda::CudaExecutor;
+use mlaserve_model::score::argmax;
+use mlaserve_model::{
+    AttentionPath, Executor, ForwardBatch, LoadOptions, LogitsWanted, Model, SeqInput,
+};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+const BS: usize = 16;
+
+fn load(model: &str) -> Arc<Model> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/models")
+        .join(model)
+        .join(format!("{model}-bf16.gguf"));
+    Arc::new(Model::load(&p, &LoadOptions::default()).unwrap())
+}
+
+/// Prefills `prompts` together, then decodes greedily; sequence i stops after `steps[i]`
+/// decode steps. Returns every step's logits.
+fn run(exec: &mut CudaExecutor, prompts: &[Vec<u32>], steps: &[usize]) -> Vec<Vec<f32>> {
+    let per =
+        (prompts.iter().map(Vec::len).max().unwrap() + steps.iter().max().unwrap()).div_ceil(BS);
+    exec.init_cache(per * prompts.len(), BS).unwrap();
+    let vocab = exec.config().vocab_size;
+    let table = |i: usize| ((i * per) as u32..((i + 1) * per) as u32).collect::<Vec<u32>>();
+    let mut next: Vec<Vec<u32>> = prompts.to_vec();
+    let mut ctx = vec![0usize; prompts.len()];
+    let mut out = Vec::new();
+    for step in 0..=*steps.iter().max().unwrap() {
+        let live: Vec<usize> = (0..prompts.len()).filter(|&i| step <= steps[i]).collect();
+        let seqs = live
+            .iter()
+            .map(|&i| SeqInput {
+                tokens: next[i].clone(),
+                context_len: ctx[i],
+                block_table: table(i),
+                logits: LogitsWanted::Last,
+            })
+            .collect();
+        let batch = ForwardBatch::new(seqs, BS, AttentionPath::Auto).unwrap();
+        let logits = exec.forward(&batch).unwrap();
+        for (row, &i) in live.iter().enumerate() {
+            ctx[i] += next[i].len();
+            next[i] = vec![argmax(&logits[row * vocab..][..vocab])];
+        }
+        out.push(logits);
+    }
+    out
+}
+
+#[test]
+fn decode_graphs_replay_eager_steps_exactly() {
+    for model in ["deepseek_v2", "deepseek_v3", "glm_moe_dsa"] {
+        let m = load(model);
+        let mut graphed = match CudaExecutor::new(m.clone(), 0) {
+            Ok(e) => e,
+            Err(e @ mlaserve_cuda::CudaError::Unavailable(_)) => {
+                println!("SKIPPED decode_graphs_replay_eager_steps_exactly: {e}");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        graphed.set_cuda_graphs(true);
+        let mut eager = CudaExecutor::new(m.clone(), 0).unwrap();
+        eager.set_cuda_graphs(false);
+        // 250 tokens: the long sequence crosses 256 keys while decoding.
+        let long: Vec<u32> = (0..250).map(|i| (i * 7 % 50 + 3) as u32).collect();
+        let prompts = vec![long, vec![5, 9, 11], vec![17, 4, 8, 21, 6, 2, 30]];
+        let steps = [24, 14, 6];
+        for round in 0..2 {
+            let want = run(&mut eager, &prompts, &steps);
+            let got = run(&mut graphed, &prompts, &steps);
+            assert_eq!(got.len(), want.len());
+            for (s, (g, w)) in got.iter().zip(&want).enumerate() {
+                let diff = g.iter().zip(w).fold(0f32, |d, (a, b)| {
+                    if a == b {
+                        d
+                    } else {
+                        d.max((a - b).abs()).max(f32::MIN_POSITIVE)
+                    }
+                });
+                assert!(
+                    g.len() == w.len() && diff == 0.0,
+                    "{model} round {round} step {s}: graph logits differ from eager by {diff}"
+                );
+            }
+            println!(
+                "{model} round {round}: {} steps bit-identical, {} decode graphs kept",
+                got.len(),
+                graphed.cuda_graphs()
+            );
+            if model == "glm_moe_dsa" {
+                assert_eq!(graphed.cuda_graphs(), 0, "DSA decode steps must stay eager");
+            } else {
+                // (3 tokens, 1 split) up to 256 keys, then (2, 2) and (1, 2).
+                assert!(
+                    graphed.cuda_graphs() >= 3,
+                    "{model}: {} graphs",
+                    graphed.cuda_graphs()
+                );
+            }
+        }
+    }
+}

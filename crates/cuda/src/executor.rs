@@ -23,6 +23,7 @@ use crate::error::{CudaError, Result};
 use crate::flash_attn::FaVariant;
 use crate::gpu::{DBuf, Gpu};
 use crate::graphs::{DecodeGraph, GraphKey, Graphs};
+use crate::moe_grouped::MOE_SORT_MAX_PAIRS;
 use crate::nccl::NcclComm;
 use crate::ops::{AttnDims, Gemm, GemmType, KeyLists, RouteCfg};
 use crate::step_inputs::{HostInputs, KeyListHost, KeyListSet, StepInputs};
@@ -36,6 +37,9 @@ use std::sync::Arc;
 /// (token, slot) pairs; larger ones gather rows per expert for cuBLAS GEMMs (each active
 /// expert's weights read once).
 const MOE_GEMV_MAX_TOKENS: usize = 4;
+/// Largest batch on the grouped expert GEMM (16-row tiles: past ~2 tiles per expert the
+/// per-expert cuBLAS GEMMs read the weights fewer times).
+const MOE_GROUPED_MAX_TOKENS: usize = 256;
 /// Most splits of one query's key list in the absorbed decode kernel.
 const MQA_MAX_SPLITS: usize = 16;
 
@@ -69,8 +73,9 @@ pub struct CudaExecutor {
     flash: Option<FaVariant>,
     /// Captured decode steps (graphs.rs).
     graphs: Graphs,
-    /// Whether every MoE layer routes on the GPU for small batches (a graph needs that).
-    moe_gemv_ok: bool,
+    /// Most tokens for which every MoE layer routes and runs its experts on the GPU
+    /// (usize::MAX without MoE layers); a decode graph needs that.
+    moe_gpu_max: usize,
 }
 
 /// Whether a MoE layer can take the small-batch path (GPU routing + expert GEMVs): the
@@ -82,6 +87,23 @@ fn moe_gemv_ok(m: &GMoe, cfg: &ModelConfig) -> bool {
         && m.experts[0].f % 8 == 0
         && m.num_experts <= 1024
         && groups <= 64
+}
+
+/// Most tokens for which a MoE layer stays on the GPU: the GEMV path up to
+/// [`MOE_GEMV_MAX_TOKENS`], the sorted grouped GEMM (moe_grouped.rs, sm_80+) up to
+/// [`MOE_GROUPED_MAX_TOKENS`] (unless `MLASERVE_MOE_GROUPED=0`); past that, routing on the
+/// host and a GEMM per expert.
+fn moe_gpu_max_tokens(gpu: &Gpu, m: &GMoe, cfg: &ModelConfig) -> usize {
+    if !moe_gemv_ok(m, cfg) {
+        return 0;
+    }
+    let k = cfg.moe.as_ref().map_or(1, |mc| mc.top_k).max(1);
+    let grouped = std::env::var("MLASERVE_MOE_GROUPED").map_or(true, |v| v != "0");
+    if grouped && gpu.has_flash_attn() && m.experts.len() <= 1024 {
+        MOE_GROUPED_MAX_TOKENS.min(MOE_SORT_MAX_PAIRS / k)
+    } else {
+        MOE_GEMV_MAX_TOKENS
+    }
 }
 
 fn gemm_bf16(gpu: &Gpu, m: usize, x: u64, w: &GMat, out: u64, acc: bool) -> Result<()> {
@@ -112,10 +134,15 @@ impl CudaExecutor {
         let cfg = model.config();
         let rope = Rope::new(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.yarn.as_ref());
         let qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim;
-        let moe_gemv_ok = w.layers.iter().all(|l| match &l.ffn {
-            GFfn::Moe(m) => moe_gemv_ok(m, cfg),
-            GFfn::Dense(_) => true,
-        });
+        let moe_gpu_max = w
+            .layers
+            .iter()
+            .map(|l| match &l.ffn {
+                GFfn::Moe(m) => moe_gpu_max_tokens(&gpu, m, cfg),
+                GFfn::Dense(_) => usize::MAX,
+            })
+            .min()
+            .unwrap_or(usize::MAX);
         let flash = FaVariant::for_dims(qk, cfg.v_head_dim).filter(|f| {
             std::env::var("MLASERVE_FLASH_ATTN").map_or(true, |v| v != "0")
                 && gpu.has_flash_attn()
@@ -130,7 +157,7 @@ impl CudaExecutor {
             comm,
             flash,
             graphs: Graphs::new(),
-            moe_gemv_ok,
+            moe_gpu_max,
         })
     }
 
@@ -255,7 +282,7 @@ impl CudaExecutor {
             || cfg.indexer.is_some()
             || !batch.is_decode.iter().all(|&d| d)
             || h.logit_rows.len() != t
-            || (moe && (t > MOE_GEMV_MAX_TOKENS || !self.moe_gemv_ok))
+            || (moe && t > self.moe_gpu_max)
         {
             return None;
         }
@@ -493,8 +520,12 @@ impl CudaExecutor {
             m.router.ptr(),
             logits.ptr(),
         ))?;
-        if t <= MOE_GEMV_MAX_TOKENS && moe_gemv_ok(m, cfg) {
+        let gpu_max = self.moe_gpu_max;
+        if t <= MOE_GEMV_MAX_TOKENS && gpu_max > 0 {
             return self.moe_small(m, mc, t, &logits, hnb, out);
+        }
+        if t <= gpu_max {
+            return self.moe_grouped(m, mc, t, &logits, hnb, out);
         }
         let logits = gpu.to_host(&logits)?;
         // Rows grouped by expert: rows_of[e] = (token, slot j in its top-k).
@@ -552,6 +583,98 @@ impl CudaExecutor {
         Ok(())
     }
 
+    /// Routing on the GPU, pairs sorted by expert on the GPU, one grouped GEMM launch per
+    /// projection (moe_grouped.rs); no host round trip.
+    fn moe_grouped(
+        &self,
+        m: &GMoe,
+        mc: &mlaserve_model::MoeConfig,
+        t: usize,
+        logits: &DBuf<f32>,
+        hnb: &DBuf<u16>,
+        out: u64,
+    ) -> Result<()> {
+        let gpu = &self.gpu;
+        let (h, k, f) = (self.model.config().hidden_size, mc.top_k, m.experts[0].f);
+        let pairs = t * k;
+        let (ids, w) = self.route_on_gpu(m, mc, t, logits)?;
+        let held = m.experts.len();
+        let order = gpu.alloc::<i32>(pairs)?;
+        let pos = gpu.alloc::<i32>(pairs)?;
+        let offsets = gpu.alloc::<i32>(held + 1)?;
+        let tile_off = gpu.alloc::<i32>(held + 1)?;
+        let (o, p, off, to) = (order.ptr(), pos.ptr(), offsets.ptr(), tile_off.ptr());
+        gpu.moe_sort(pairs, ids.ptr(), m.first_expert, held, o, p, off, to)?;
+        let gu = gpu.alloc::<f32>(pairs * 2 * f)?;
+        let gate_up = m.gate_up_ptrs.ptr();
+        gpu.moe_gemm(
+            pairs,
+            held,
+            gate_up,
+            o,
+            hnb.ptr(),
+            k,
+            true,
+            off,
+            to,
+            2 * f,
+            h,
+            gu.ptr(),
+        )?;
+        let act = gpu.alloc::<u16>(pairs * f)?;
+        gpu.silu_mul(gu.ptr(), act.ptr(), f, pairs)?;
+        let y = gpu.alloc::<f32>(pairs * h)?;
+        let down = m.down_ptrs.ptr();
+        gpu.moe_gemm(
+            pairs,
+            held,
+            down,
+            o,
+            act.ptr(),
+            1,
+            false,
+            off,
+            to,
+            h,
+            f,
+            y.ptr(),
+        )?;
+        gpu.moe_combine(t, out, y.ptr(), p, w.ptr(), k, h)?;
+        if let Some(sh) = &m.shared {
+            self.mlp(sh, t, hnb.ptr(), out)?;
+        }
+        Ok(())
+    }
+
+    /// Top-k expert ids [T*K] i32 and weights [T*K] f32 of router logits [T, E], on the GPU.
+    fn route_on_gpu(
+        &self,
+        m: &GMoe,
+        mc: &mlaserve_model::MoeConfig,
+        t: usize,
+        logits: &DBuf<f32>,
+    ) -> Result<(DBuf<i32>, DBuf<f32>)> {
+        let pairs = t * mc.top_k;
+        let ids = self.gpu.alloc::<i32>(pairs)?;
+        let w = self.gpu.alloc::<f32>(pairs)?;
+        let rc = RouteCfg {
+            experts: m.num_experts,
+            top_k: mc.top_k,
+            gating: match mc.gating {
+                mlaserve_model::Gating::Softmax => 0,
+                mlaserve_model::Gating::Sigmoid => 1,
+            },
+            n_group: mc.n_group,
+            topk_group: mc.topk_group,
+            norm: mc.norm_topk_prob,
+            scale: mc.routed_scaling_factor,
+        };
+        let bias = m.bias_dev.as_ref().map_or(0, |b| b.ptr());
+        self.gpu
+            .moe_route(t, logits.ptr(), bias, &rc, ids.ptr(), w.ptr())?;
+        Ok((ids, w))
+    }
+
     /// Small batches: routing on the GPU and one expert GEMV launch per projection over all
     /// (token, slot) pairs — no host round trip, no launch per expert.
     fn moe_small(
@@ -566,22 +689,7 @@ impl CudaExecutor {
         let gpu = &self.gpu;
         let (h, k, f) = (self.model.config().hidden_size, mc.top_k, m.experts[0].f);
         let pairs = t * k;
-        let ids = gpu.alloc::<i32>(pairs)?;
-        let w = gpu.alloc::<f32>(pairs)?;
-        let rc = RouteCfg {
-            experts: m.num_experts,
-            top_k: k,
-            gating: match mc.gating {
-                mlaserve_model::Gating::Softmax => 0,
-                mlaserve_model::Gating::Sigmoid => 1,
-            },
-            n_group: mc.n_group,
-            topk_group: mc.topk_group,
-            norm: mc.norm_topk_prob,
-            scale: mc.routed_scaling_factor,
-        };
-        let bias = m.bias_dev.as_ref().map_or(0, |b| b.ptr());
-        gpu.moe_route(t, logits.ptr(), bias, &rc, ids.ptr(), w.ptr())?;
+        let (ids, w) = self.route_on_gpu(m, mc, t, logits)?;
         let held = m.experts.len();
         let gu = gpu.alloc::<f32>(pairs * 2 * f)?;
         gpu.moe_gemv(

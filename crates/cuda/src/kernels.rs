@@ -16,6 +16,7 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/mla_decode.cu"),
     include_str!("../kernels/qgemv.cu"),
     include_str!("../kernels/flash_attn.cu"),
+    include_str!("../kernels/moe_grouped.cu"),
 );
 
 /// Kernel names exported by [`SOURCE`] (each is loaded at start, so a missing one fails early).
@@ -72,6 +73,8 @@ pub const NAMES: &[&str] = &[
     "fa_fwd_d192v128_w8",
     "fa_fwd_d256_w8",
     "fa_fwd_d256_w8n32",
+    "moe_sort",
+    "moe_gemm",
 ];
 
 /// NVRTC's name for a compute capability.

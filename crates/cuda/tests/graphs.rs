@@ -1,7 +1,7 @@
 //! CUDA graphs replay decode steps exactly: the same decode steps with graphs on and off give
-//! bit-identical logits — across batch sizes 3, 2 and 1 and context lengths that cross a
-//! split-count boundary of the absorbed kernel (256 keys): three graph shapes — and with a
-//! cache replaced between runs (init_cache drops the graphs). GLM-5's DSA indexer keeps its decode
+//! bit-identical logits — across batch sizes 6 to 1 (MoE on the grouped GEMM and on the
+//! GEMV) and context lengths that cross a split-count boundary of the absorbed kernel
+//! (256 keys) — and with a cache replaced between runs (init_cache drops the graphs). GLM-5's DSA indexer keeps its decode
 //! steps eager (no graph is captured). On a host without CUDA the test prints why and passes.
 
 use mlaserve_cuda::CudaExecutor;
@@ -72,8 +72,16 @@ fn decode_graphs_replay_eager_steps_exactly() {
         eager.set_cuda_graphs(false);
         // 250 tokens: the long sequence crosses 256 keys while decoding.
         let long: Vec<u32> = (0..250).map(|i| (i * 7 % 50 + 3) as u32).collect();
-        let prompts = vec![long, vec![5, 9, 11], vec![17, 4, 8, 21, 6, 2, 30]];
-        let steps = [24, 14, 6];
+        let prompts = vec![
+            long,
+            vec![5, 9, 11],
+            vec![17, 4, 8, 21, 6, 2, 30],
+            vec![12, 40],
+            vec![33, 7, 19, 2, 8],
+            vec![3, 3, 9, 27],
+        ];
+        // Batches of 6 and 5 tokens take the grouped expert GEMM, 4 and fewer the GEMV.
+        let steps = [24, 14, 6, 3, 2, 4];
         for round in 0..2 {
             let want = run(&mut eager, &prompts, &steps);
             let got = run(&mut graphed, &prompts, &steps);

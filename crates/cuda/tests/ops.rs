@@ -1057,6 +1057,7 @@ fn op_table_against_cpu() {
     attention(&gpu, &mut rng, &mut rep);
     attention_tc(&gpu, &mut rng, &mut rep);
     moe(&gpu, &mut rng, &mut rep);
+    moe_grouped(&gpu, &mut rng, &mut rep);
     quantized(&gpu, &mut rng, &mut rep);
     let failed: Vec<_> = rep.rows.iter().filter(|r| !(r.3 <= r.4)).collect();
     if let Ok(path) = std::env::var("MLASERVE_OP_REPORT") {
@@ -1241,6 +1242,120 @@ fn moe(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         rel_err(&gpu.to_host(&x0d).unwrap(), &want_x),
         1e-5,
     );
+}
+
+/// Grouped expert GEMM over pairs sorted on the GPU (`mlaserve_cuda::moe_grouped`): the sort
+/// exactly against a stable CPU sort (order, pos, offsets, tile prefix; experts outside the
+/// held range dropped), the GEMM (gathered rows and sorted rows; n and k with partial tiles;
+/// an expert without weights gives zeros) against the CPU in f64 of bf16 inputs.
+fn moe_grouped(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
+    if !gpu.has_flash_attn() {
+        println!("moe_grouped: {} has no bf16 mma, not run", gpu.arch);
+        return;
+    }
+    // (tokens, top-k, experts in the model, held, first held, n, k, expert without weights)
+    let cases = [
+        (
+            37usize, 6usize, 8usize, 8usize, 0usize, 200usize, 264usize, None,
+        ),
+        (50, 4, 10, 5, 3, 128, 128, Some(1usize)),
+        (256, 6, 64, 64, 0, 136, 72, None),
+    ];
+    for (t, k, experts, held, first, n, kd, missing) in cases {
+        let pairs = t * k;
+        let ids: Vec<i32> = (0..pairs).map(|_| rng.below(experts) as i32).collect();
+        let ws: Vec<Vec<f32>> = (0..held).map(|_| round_bf(&rng.vec(n * kd, 0.1))).collect();
+        let bufs: Vec<DBuf<u16>> = ws
+            .iter()
+            .map(|w| {
+                gpu.upload(&w.iter().map(|&v| bf(v)).collect::<Vec<_>>())
+                    .unwrap()
+            })
+            .collect();
+        let ptrs: Vec<u64> = bufs
+            .iter()
+            .enumerate()
+            .map(|(e, b)| if Some(e) == missing { 0 } else { b.ptr() })
+            .collect();
+        let (pd, idd) = (gpu.upload(&ptrs).unwrap(), gpu.upload(&ids).unwrap());
+        let order = poisoned::<i32>(gpu, pairs);
+        let pos = poisoned::<i32>(gpu, pairs);
+        let offsets = poisoned::<i32>(gpu, held + 1);
+        let tile_off = poisoned::<i32>(gpu, held + 1);
+        let (o, p, off, to) = (order.ptr(), pos.ptr(), offsets.ptr(), tile_off.ptr());
+        gpu.moe_sort(pairs, idd.ptr(), first, held, o, p, off, to)
+            .unwrap();
+        // CPU: stable sort by local expert.
+        let mut want_order: Vec<i32> = Vec::new();
+        let mut want_off = vec![0i32];
+        let mut want_tiles = vec![0i32];
+        let mut want_pos = vec![-1i32; pairs];
+        for e in 0..held {
+            for (pi, &id) in ids.iter().enumerate() {
+                if id as usize == first + e {
+                    want_pos[pi] = want_order.len() as i32;
+                    want_order.push(pi as i32);
+                }
+            }
+            let c = want_order.len() as i32 - want_off[e];
+            want_off.push(want_order.len() as i32);
+            want_tiles.push(want_tiles[e] + (c + 15) / 16);
+        }
+        let valid = want_order.len();
+        let got_order = gpu.to_host(&order).unwrap();
+        let mism = (got_order[..valid] != want_order[..]) as usize
+            + (gpu.to_host(&pos).unwrap() != want_pos) as usize
+            + (gpu.to_host(&offsets).unwrap() != want_off) as usize
+            + (gpu.to_host(&tile_off).unwrap() != want_tiles) as usize;
+        let name = format!("pairs{pairs} E{experts} held{held} n{n} k{kd}");
+        rep.check("moe_sort", name.clone(), "i32", mism as f64, 0.0);
+        // Gathered rows (gate/up: x row = pair / k), then sorted rows (down: x row = r).
+        for gather in [true, false] {
+            let xs = round_bf(&rng.vec(if gather { t } else { pairs } * kd, 1.0));
+            let xsd = gpu
+                .upload(&xs.iter().map(|&v| bf(v)).collect::<Vec<_>>())
+                .unwrap();
+            let out = poisoned::<f32>(gpu, pairs * n);
+            let x_div = if gather { k } else { 1 };
+            gpu.moe_gemm(
+                pairs,
+                held,
+                pd.ptr(),
+                o,
+                xsd.ptr(),
+                x_div,
+                gather,
+                off,
+                to,
+                n,
+                kd,
+                out.ptr(),
+            )
+            .unwrap();
+            let got = gpu.to_host(&out).unwrap();
+            let mut want = vec![0f32; valid * n];
+            for r in 0..valid {
+                let e = ids[want_order[r] as usize] as usize - first;
+                if Some(e) == missing {
+                    continue;
+                }
+                let src = if gather {
+                    want_order[r] as usize / k
+                } else {
+                    r
+                };
+                let y = gemm_ref(&xs[src * kd..(src + 1) * kd], &ws[e], 1, n, kd);
+                want[r * n..(r + 1) * n].copy_from_slice(&y);
+            }
+            rep.check(
+                "moe_gemm",
+                format!("{name} {}", if gather { "gathered" } else { "sorted" }),
+                "bf16>f32",
+                rel_err(&got[..valid * n], &want),
+                1e-5,
+            );
+        }
+    }
 }
 
 /// Quantized weights kept compressed (`mlaserve_cuda::qgemv`): random weights quantized on the

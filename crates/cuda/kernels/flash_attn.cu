@@ -58,9 +58,9 @@ extern "C" __global__ void fa_pack_kv(const float* k_nope, const float* kpe, con
 
 #ifdef MLA_TC
 
-template <int DQ, int DV, int BN, int WARPS>
+template <int DQ, int DV, int BN, int WARPS, int MT>
 struct FaShape {
-    static constexpr int BM = 16 * WARPS;
+    static constexpr int BM = 16 * MT * WARPS;
     static constexpr int THREADS = 32 * WARPS;
     static constexpr int QROW = DQ + 8;  // shared row strides in bf16: 16 bytes past a multiple
     static constexpr int VROW = DV + 8;  // of 128, so ldmatrix rows hit distinct banks
@@ -84,11 +84,15 @@ __device__ __forceinline__ void fa_load_rows(bf16* dst, const bf16* src, i64 row
     }
 }
 
-template <int DQ, int DV, int BN, int WARPS, bool QREG>
+// MT m-tiles of 16 query rows per warp: warp w owns rows 16·MT·w .. 16·MT·w + 16·MT - 1, so
+// every K/V fragment read from shared memory feeds MT mma. QREG keeps Q as A fragments in
+// registers (MT = 1 only), else they are read from shared memory per k-step.
+template <int DQ, int DV, int BN, int WARPS, int MT, bool QREG>
 __device__ __forceinline__ void fa_fwd(const bf16* qb, const bf16* kb, const bf16* vb, float* out,
                                        const int* tiles, const int* n_keys, const int* kv_base,
                                        int nh, int v_dim, float scale_log2) {
-    typedef FaShape<DQ, DV, BN, WARPS> Sh;
+    typedef FaShape<DQ, DV, BN, WARPS, MT> Sh;
+    static_assert(!QREG || MT == 1, "Q in registers only with one m-tile per warp");
     constexpr int TH = Sh::THREADS;
     constexpr int KS = DQ / 16;  // k-steps of S
     constexpr int NT = BN / 8;   // key n-tiles of S
@@ -110,15 +114,19 @@ __device__ __forceinline__ void fa_fwd(const bf16* qb, const bf16* kb, const bf1
         s_kmax = 0;
     }
     __syncthreads();
-    if (threadIdx.x < nt) {
-        int k = n_keys[t0 + threadIdx.x];
+    for (int i = threadIdx.x; i < nt; i += TH) {
+        int k = n_keys[t0 + i];
         atomicMin(&s_kmin, k);
         atomicMax(&s_kmax, k);
     }
-    // This thread's two query rows (g, g+8 of its warp's 16) and their key counts.
-    const int row0 = warp * 16 + g, row1 = row0 + 8;
-    const int nk0 = row0 < nt ? n_keys[t0 + row0] : 0;
-    const int nk1 = row1 < nt ? n_keys[t0 + row1] : 0;
+    // This thread's two query rows per m-tile (g and g+8 of it) and their key counts.
+    int row0[MT], nk0[MT], nk1[MT];
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        row0[m] = (warp * MT + m) * 16 + g;
+        nk0[m] = row0[m] < nt ? n_keys[t0 + row0[m]] : 0;
+        nk1[m] = row0[m] + 8 < nt ? n_keys[t0 + row0[m] + 8] : 0;
+    }
 
     const i64 kstride = (i64)nh * DQ, vstride = (i64)nh * DV;
     const bf16* kh = kb + base * kstride + (i64)h * DQ;
@@ -134,13 +142,20 @@ __device__ __forceinline__ void fa_fwd(const bf16* qb, const bf16* kb, const bf1
     mla_commit();
 
     unsigned qf[QREG ? KS : 1][4];
-    float o[OT][4];
+    float o[MT][OT][4];
 #pragma unroll
-    for (int i = 0; i < OT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-    // ldmatrix lane addresses: A (Q rows), B of K (non-trans), B of V (trans).
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int i = 0; i < OT; i++) o[m][i][0] = o[m][i][1] = o[m][i][2] = o[m][i][3] = 0.f;
+    float mr0[MT], mr1[MT], l0[MT], l1[MT];
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        mr0[m] = mr1[m] = -INFINITY;
+        l0[m] = l1[m] = 0.f;
+    }
+    // ldmatrix lane addresses: A (Q rows of m-tile 0), B of K (non-trans), B of V (trans).
     const unsigned q_addr =
-        mla_smem(qs + (warp * 16 + (lane & 15)) * Sh::QROW + (lane >> 4) * 8);
+        mla_smem(qs + (warp * MT * 16 + (lane & 15)) * Sh::QROW + (lane >> 4) * 8);
     const int k_row = (lane & 7) + ((lane >> 4) << 3), k_col = ((lane >> 3) & 1) * 8;
     const int v_row = lane & 15, v_col = (lane >> 4) * 8;
 
@@ -149,9 +164,9 @@ __device__ __forceinline__ void fa_fwd(const bf16* qb, const bf16* kb, const bf1
         if (kt + 1 < ntiles) {
             int k0 = (kt + 1) * BN;
             fa_load_rows<DQ, TH>(ks + (buf ^ 1) * Sh::K_ELEMS, kh + k0 * kstride, kstride, BN,
-                             min(BN, kmax - k0));
+                                 min(BN, kmax - k0));
             fa_load_rows<DV, TH>(vs + (buf ^ 1) * Sh::V_ELEMS, vh + k0 * vstride, vstride, BN,
-                             min(BN, kmax - k0));
+                                 min(BN, kmax - k0));
             mla_commit();
             mla_wait<1>();
         } else {
@@ -163,133 +178,154 @@ __device__ __forceinline__ void fa_fwd(const bf16* qb, const bf16* kb, const bf1
             for (int k = 0; k < KS; k++) mla_ldsm4(qf[QREG ? k : 0], q_addr + k * 32);
         }
 
-        // S = Q K^T for this warp's 16 rows x BN keys.
-        float s[NT][4];
+        // S = Q K^T for this warp's 16·MT rows x BN keys.
+        float s[MT][NT][4];
 #pragma unroll
-        for (int i = 0; i < NT; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int i = 0; i < NT; i++) s[m][i][0] = s[m][i][1] = s[m][i][2] = s[m][i][3] = 0.f;
         const unsigned kbase = mla_smem(ks + buf * Sh::K_ELEMS + k_row * Sh::QROW + k_col);
 #pragma unroll
         for (int k = 0; k < KS; k++) {
-            unsigned a[4];
-            if (QREG) {
-                a[0] = qf[QREG ? k : 0][0];
-                a[1] = qf[QREG ? k : 0][1];
-                a[2] = qf[QREG ? k : 0][2];
-                a[3] = qf[QREG ? k : 0][3];
-            } else {
-                mla_ldsm4(a, q_addr + k * 32);
+            unsigned a[MT][4];
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                if (QREG) {
+#pragma unroll
+                    for (int j = 0; j < 4; j++) a[m][j] = qf[QREG ? k : 0][j];
+                } else {
+                    mla_ldsm4(a[m], q_addr + (m * 16 * Sh::QROW + k * 16) * 2);
+                }
             }
 #pragma unroll
             for (int n = 0; n < NT; n += 2) {
                 unsigned b[4];
                 mla_ldsm4(b, kbase + (n * 8 * Sh::QROW + k * 16) * 2);
-                mla_mma(s[n], a, b[0], b[1]);
-                mla_mma(s[n + 1], a, b[2], b[3]);
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    mla_mma(s[m][n], a[m], b[0], b[1]);
+                    mla_mma(s[m][n + 1], a[m], b[2], b[3]);
+                }
             }
         }
 
-        // Mask keys >= n_keys[row] (only tiles that reach past the shortest row's list).
         const int kbeg = kt * BN;
-        if (kbeg + BN > kmin) {
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            // Mask keys >= n_keys[row] (only tiles that reach past the shortest list).
+            if (kbeg + BN > kmin) {
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    int c = kbeg + n * 8 + 2 * q4;
+                    if (c >= nk0[m]) s[m][n][0] = -INFINITY;
+                    if (c + 1 >= nk0[m]) s[m][n][1] = -INFINITY;
+                    if (c >= nk1[m]) s[m][n][2] = -INFINITY;
+                    if (c + 1 >= nk1[m]) s[m][n][3] = -INFINITY;
+                }
+            }
+            // Online softmax over the two rows this thread holds (shared by its quad).
+            float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
             for (int n = 0; n < NT; n++) {
-                int c = kbeg + n * 8 + 2 * q4;
-                if (c >= nk0) s[n][0] = -INFINITY;
-                if (c + 1 >= nk0) s[n][1] = -INFINITY;
-                if (c >= nk1) s[n][2] = -INFINITY;
-                if (c + 1 >= nk1) s[n][3] = -INFINITY;
+                mx0 = fmaxf(mx0, fmaxf(s[m][n][0], s[m][n][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[m][n][2], s[m][n][3]));
             }
-        }
-
-        // Online softmax over the two rows this thread holds (shared by its quad).
-        float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-        for (int n = 0; n < NT; n++) {
-            mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
-        }
+            for (int off = 1; off < 4; off <<= 1) {
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+            }
+            const float nm0 = fmaxf(mr0[m], mx0 * scale_log2);
+            const float nm1 = fmaxf(mr1[m], mx1 * scale_log2);
+            const float u0 = nm0 == -INFINITY ? 0.f : nm0, u1 = nm1 == -INFINITY ? 0.f : nm1;
+            const float a0 = mla_exp2(mr0[m] - u0), a1 = mla_exp2(mr1[m] - u1);  // exp2(-inf) = 0
+            mr0[m] = nm0;
+            mr1[m] = nm1;
+            float ps0 = 0.f, ps1 = 0.f;
 #pragma unroll
-        for (int off = 1; off < 4; off <<= 1) {
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
-        }
-        const float nm0 = fmaxf(m0, mx0 * scale_log2), nm1 = fmaxf(m1, mx1 * scale_log2);
-        const float u0 = nm0 == -INFINITY ? 0.f : nm0, u1 = nm1 == -INFINITY ? 0.f : nm1;
-        const float a0 = mla_exp2(m0 - u0), a1 = mla_exp2(m1 - u1);  // exp2(-inf) = 0
-        m0 = nm0;
-        m1 = nm1;
-        float ps0 = 0.f, ps1 = 0.f;
+            for (int n = 0; n < NT; n++) {
+                s[m][n][0] = mla_exp2(s[m][n][0] * scale_log2 - u0);
+                s[m][n][1] = mla_exp2(s[m][n][1] * scale_log2 - u0);
+                s[m][n][2] = mla_exp2(s[m][n][2] * scale_log2 - u1);
+                s[m][n][3] = mla_exp2(s[m][n][3] * scale_log2 - u1);
+                ps0 += s[m][n][0] + s[m][n][1];
+                ps1 += s[m][n][2] + s[m][n][3];
+            }
+            l0[m] = l0[m] * a0 + ps0;
+            l1[m] = l1[m] * a1 + ps1;
 #pragma unroll
-        for (int n = 0; n < NT; n++) {
-            s[n][0] = mla_exp2(s[n][0] * scale_log2 - u0);
-            s[n][1] = mla_exp2(s[n][1] * scale_log2 - u0);
-            s[n][2] = mla_exp2(s[n][2] * scale_log2 - u1);
-            s[n][3] = mla_exp2(s[n][3] * scale_log2 - u1);
-            ps0 += s[n][0] + s[n][1];
-            ps1 += s[n][2] + s[n][3];
-        }
-        l0 = l0 * a0 + ps0;
-        l1 = l1 * a1 + ps1;
-#pragma unroll
-        for (int i = 0; i < OT; i++) {
-            o[i][0] *= a0;
-            o[i][1] *= a0;
-            o[i][2] *= a1;
-            o[i][3] *= a1;
+            for (int i = 0; i < OT; i++) {
+                o[m][i][0] *= a0;
+                o[m][i][1] *= a0;
+                o[m][i][2] *= a1;
+                o[m][i][3] *= a1;
+            }
         }
 
         // O += P V: P's accumulators become A fragments (16 keys per k-step).
         const unsigned vbase = mla_smem(vs + buf * Sh::V_ELEMS + v_row * Sh::VROW + v_col);
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
-            unsigned pa[4];
-            pa[0] = mla_pack(s[2 * kk][0], s[2 * kk][1]);
-            pa[1] = mla_pack(s[2 * kk][2], s[2 * kk][3]);
-            pa[2] = mla_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[3] = mla_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            unsigned pa[MT][4];
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                pa[m][0] = mla_pack(s[m][2 * kk][0], s[m][2 * kk][1]);
+                pa[m][1] = mla_pack(s[m][2 * kk][2], s[m][2 * kk][3]);
+                pa[m][2] = mla_pack(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
+                pa[m][3] = mla_pack(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
+            }
 #pragma unroll
             for (int i = 0; i < OT; i += 2) {
                 unsigned b[4];
                 mla_ldsm4t(b, vbase + (kk * 16 * Sh::VROW + i * 8) * 2);
-                mla_mma(o[i], pa, b[0], b[1]);
-                mla_mma(o[i + 1], pa, b[2], b[3]);
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    mla_mma(o[m][i], pa[m], b[0], b[1]);
+                    mla_mma(o[m][i + 1], pa[m], b[2], b[3]);
+                }
             }
         }
         __syncthreads();  // buffer `buf` is refilled by the next iteration's prefetch
     }
+    mla_wait<0>();
 
-#pragma unroll
-    for (int off = 1; off < 4; off <<= 1) {
-        l0 += __shfl_xor_sync(0xffffffffu, l0, off);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, off);
-    }
-    const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
     const i64 ostride = (i64)nh * v_dim;
-    float* o0 = out + (i64)(t0 + row0) * ostride + (i64)h * v_dim;
-    float* o1 = out + (i64)(t0 + row1) * ostride + (i64)h * v_dim;
 #pragma unroll
-    for (int i = 0; i < OT; i++) {
-        int c = i * 8 + 2 * q4;
-        if (row0 < nt) {
-            if (c < v_dim) o0[c] = o[i][0] * i0;
-            if (c + 1 < v_dim) o0[c + 1] = o[i][1] * i0;
+    for (int m = 0; m < MT; m++) {
+        float la = l0[m], lb = l1[m];
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) {
+            la += __shfl_xor_sync(0xffffffffu, la, off);
+            lb += __shfl_xor_sync(0xffffffffu, lb, off);
         }
-        if (row1 < nt) {
-            if (c < v_dim) o1[c] = o[i][2] * i1;
-            if (c + 1 < v_dim) o1[c + 1] = o[i][3] * i1;
+        const float i0 = la > 0.f ? 1.f / la : 0.f, i1 = lb > 0.f ? 1.f / lb : 0.f;
+        const int r0 = row0[m], r1 = r0 + 8;
+        float* o0 = out + (i64)(t0 + r0) * ostride + (i64)h * v_dim;
+        float* o1 = out + (i64)(t0 + r1) * ostride + (i64)h * v_dim;
+#pragma unroll
+        for (int i = 0; i < OT; i++) {
+            int c = i * 8 + 2 * q4;
+            if (r0 < nt) {
+                if (c < v_dim) o0[c] = o[m][i][0] * i0;
+                if (c + 1 < v_dim) o0[c + 1] = o[m][i][1] * i0;
+            }
+            if (r1 < nt) {
+                if (c < v_dim) o1[c] = o[m][i][2] * i1;
+                if (c + 1 < v_dim) o1[c + 1] = o[m][i][3] * i1;
+            }
         }
     }
 }
 
-#define FA_ENTRY(NAME, DQ, DV, BN, WARPS, QREG)                                                 \
+#define FA_ENTRY(NAME, DQ, DV, BN, WARPS, MT, QREG)                                             \
     extern "C" __global__ void __launch_bounds__(32 * WARPS)                                     \
         NAME(const bf16* qb, const bf16* kb, const bf16* vb, float* out, const int* tiles,      \
              const int* n_keys, const int* kv_base, int nh, int v_dim, float scale_log2) {      \
-        fa_fwd<DQ, DV, BN, WARPS, QREG>(qb, kb, vb, out, tiles, n_keys, kv_base, nh, v_dim,   \
-                                        scale_log2);                                            \
+        fa_fwd<DQ, DV, BN, WARPS, MT, QREG>(qb, kb, vb, out, tiles, n_keys, kv_base, nh, v_dim, \
+                                            scale_log2);                                        \
     }
 #else
-#define FA_ENTRY(NAME, DQ, DV, BN, WARPS, QREG)                                                 \
+#define FA_ENTRY(NAME, DQ, DV, BN, WARPS, MT, QREG)                                             \
     extern "C" __global__ void NAME(const bf16* qb, const bf16* kb, const bf16* vb, float* out, \
                                     const int* tiles, const int* n_keys, const int* kv_base,    \
                                     int nh, int v_dim, float scale_log2) {                      \
@@ -299,11 +335,14 @@ __device__ __forceinline__ void fa_fwd(const bf16* qb, const bf16* kb, const bf1
 
 // Variants (name: DQ, DV, keys per tile, Q in registers). The host takes the first whose
 // widths hold the model's qk and v; shared memory per block in crate::flash_attn.
-FA_ENTRY(fa_fwd_d64, 64, 64, 64, 4, true)
-FA_ENTRY(fa_fwd_d128, 128, 128, 64, 4, true)
-FA_ENTRY(fa_fwd_d192v128, 192, 128, 64, 4, true)
-FA_ENTRY(fa_fwd_d256, 256, 256, 32, 4, false)
-// Lab variants: 8 warps (128 query rows) share each K/V tile.
-FA_ENTRY(fa_fwd_d192v128_w8, 192, 128, 64, 8, true)
-FA_ENTRY(fa_fwd_d256_w8, 256, 256, 64, 8, false)
-FA_ENTRY(fa_fwd_d256_w8n32, 256, 256, 32, 8, false)
+FA_ENTRY(fa_fwd_d64, 64, 64, 64, 4, 1, true)
+FA_ENTRY(fa_fwd_d128, 128, 128, 64, 4, 1, true)
+FA_ENTRY(fa_fwd_d192v128, 192, 128, 64, 4, 1, true)
+FA_ENTRY(fa_fwd_d256, 256, 256, 32, 4, 1, false)
+// Lab variants: 8 warps (128 query rows) share each K/V tile; or 2 m-tiles (32 rows) per warp.
+FA_ENTRY(fa_fwd_d192v128_w8, 192, 128, 64, 8, 1, true)
+FA_ENTRY(fa_fwd_d256_w8, 256, 256, 64, 8, 1, false)
+FA_ENTRY(fa_fwd_d256_w8n32, 256, 256, 32, 8, 1, false)
+FA_ENTRY(fa_fwd_d192v128_m2, 192, 128, 64, 4, 2, false)
+FA_ENTRY(fa_fwd_d192v128_m2n32, 192, 128, 32, 4, 2, false)
+FA_ENTRY(fa_fwd_d128_m2, 128, 128, 64, 4, 2, false)

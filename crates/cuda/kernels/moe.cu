@@ -124,11 +124,13 @@ extern "C" __global__ void moe_gemv(const unsigned long long* w_ptrs, int first,
     if (lane == 0) *o = acc;
 }
 
-// x[t, :] += sum_j w[t, j] * y[t*k + j, :] (pairs in token order).  grid (T), block 256.
+// x[t, :] += sum_j w[t, j] * y[t*k + j, :] (pairs in token order).
+// grid (T, ceil(h / 256)), block 256: a thread per element.
 extern "C" __global__ void moe_combine_pairs(float* x, const float* y, const float* w, int k,
                                              int h) {
     int t = blockIdx.x;
-    for (int i = threadIdx.x; i < h; i += blockDim.x) {
+    int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i < h) {
         float acc = 0.f;
         for (int j = 0; j < k; j++) acc += w[t * k + j] * y[((i64)t * k + j) * h + i];
         x[(i64)t * h + i] += acc;

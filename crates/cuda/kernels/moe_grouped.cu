@@ -6,21 +6,20 @@
 // Sorted layout: order[r] is the pair at sorted row r; rows [offsets[e], offsets[e+1]) belong
 // to held expert e (local index e = id - first), ascending pair index within an expert
 // (stable, so results never depend on scheduling); pos[p] is the row of pair p, -1 for a
-// pair whose expert is not held on this rank. tile_off[e] counts the 16-row m-tiles before
-// expert e; the GEMM grid is sized for the most tiles any routing can need and extra blocks
-// exit at once, so launch configurations depend on the token count only (CUDA graphs).
+// pair whose expert is not held on this rank. tile_off[e] counts the bm-row m-tiles before
+// expert e (bm = 16 or 64, the GEMM variant's rows per block); the GEMM grid is sized for
+// the most tiles any routing can need and extra blocks exit at once, so launch
+// configurations depend on the token count only (CUDA graphs).
 
-#define MOE_SORT_MAX_PAIRS 8192
-#define MOE_BM 16      // rows per m-tile (one mma m16 tile)
 #define MOE_BN 128     // output features per block: 4 warps x 32
 #define MOE_BK 64      // K per stage
 #define MOE_STAGES 4
 #define MOE_ROW 72     // shared row stride in bf16 (144 bytes: conflict-free ldmatrix)
 
-// One block of 1024 threads; pairs <= MOE_SORT_MAX_PAIRS, held <= 1024.
-extern "C" __global__ void moe_sort(const int* ids, int pairs, int first, int held, int* order,
-                                    int* pos, int* offsets, int* tile_off) {
-    __shared__ int sid[MOE_SORT_MAX_PAIRS];
+// One block of 1024 threads; dynamic shared memory 4 * pairs bytes, held <= 1024.
+extern "C" __global__ void moe_sort(const int* ids, int pairs, int first, int held, int bm,
+                                    int* order, int* pos, int* offsets, int* tile_off) {
+    extern __shared__ int sid[];
     __shared__ int cnt[1024];
     __shared__ int off[1024];
     for (int e = threadIdx.x; e < held; e += blockDim.x) cnt[e] = 0;
@@ -40,7 +39,7 @@ extern "C" __global__ void moe_sort(const int* ids, int pairs, int first, int he
             offsets[e] = o;
             tile_off[e] = to;
             o += cnt[e];
-            to += (cnt[e] + MOE_BM - 1) / MOE_BM;
+            to += (cnt[e] + bm - 1) / bm;
         }
         offsets[held] = o;
         tile_off[held] = to;
@@ -69,12 +68,16 @@ extern "C" __global__ void moe_sort(const int* ids, int pairs, int first, int he
 // Grouped expert GEMM: for every held expert e and sorted row r of e,
 // out[r, :n] = W_e[:n, :k] . x[src(r), :k] with src(r) = order[r] / x_div when `gather`, else r.
 // W_e bf16 [n, k] row-major at w_ptrs[e] (0: zeros), x bf16 [*, k], out f32 [*, n];
-// k % 8 == 0. grid (ceil(n / 128), max m-tiles), block 128, dynamic shared memory
-// MOE_STAGES * (16 + 128) * MOE_ROW * 2 bytes.
-extern "C" __global__ void __launch_bounds__(128)
-    moe_gemm(const unsigned long long* w_ptrs, const int* order, const bf16* x, int x_div,
-             int gather, const int* offsets, const int* tile_off, int held, int n, int k,
-             float* out) {
+// k % 8 == 0. A block is one m-tile of BM = 16 * MT rows of one expert x 128 output
+// features; warp w owns features 32w..32w+31 of all BM rows (MT mma m-tiles), so the weight
+// tile in shared memory serves BM rows. grid (ceil(n / 128), max m-tiles), block 128, dynamic
+// shared memory MOE_STAGES * (BM + 128) * MOE_ROW * 2 bytes.
+template <int MT>
+__device__ __forceinline__ void moe_gemm_t(const unsigned long long* w_ptrs, const int* order,
+                                           const bf16* x, int x_div, int gather,
+                                           const int* offsets, const int* tile_off, int held,
+                                           int n, int k, float* out) {
+    constexpr int MOE_BM = 16 * MT;
     extern __shared__ __align__(16) unsigned char moe_smem[];
     bf16* as = (bf16*)moe_smem;                                // [STAGES][16][ROW]
     bf16* bs = as + MOE_STAGES * MOE_BM * MOE_ROW;              // [STAGES][128][ROW]
@@ -132,9 +135,11 @@ extern "C" __global__ void __launch_bounds__(128)
         if (s < kt) load(s, s);
         mla_commit();
     }
-    float acc[4][4];
+    float acc[MT][4][4];
 #pragma unroll
-    for (int i = 0; i < 4; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[m][i][0] = acc[m][i][1] = acc[m][i][2] = acc[m][i][3] = 0.f;
     const int a_row = lane & 15, a_col = (lane >> 4) * 8;
     const int b_row = warp * 32 + (lane & 7) + ((lane >> 4) << 3), b_col = ((lane >> 3) & 1) * 8;
     for (int kk = 0; kk < kt; kk++) {
@@ -149,36 +154,58 @@ extern "C" __global__ void __launch_bounds__(128)
         const unsigned bbase = mla_smem(bs + st * MOE_BN * MOE_ROW + b_row * MOE_ROW + b_col);
 #pragma unroll
         for (int k16 = 0; k16 < MOE_BK / 16; k16++) {
-            unsigned a[4], b0[4], b1[4];
-            mla_ldsm4(a, abase + k16 * 32);
+            unsigned b0[4], b1[4];
             mla_ldsm4(b0, bbase + k16 * 32);
             mla_ldsm4(b1, bbase + (16 * MOE_ROW) * 2 + k16 * 32);
-            mla_mma(acc[0], a, b0[0], b0[1]);
-            mla_mma(acc[1], a, b0[2], b0[3]);
-            mla_mma(acc[2], a, b1[0], b1[1]);
-            mla_mma(acc[3], a, b1[2], b1[3]);
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                unsigned a[4];
+                mla_ldsm4(a, abase + (m * 16 * MOE_ROW) * 2 + k16 * 32);
+                mla_mma(acc[m][0], a, b0[0], b0[1]);
+                mla_mma(acc[m][1], a, b0[2], b0[3]);
+                mla_mma(acc[m][2], a, b1[0], b1[1]);
+                mla_mma(acc[m][3], a, b1[2], b1[3]);
+            }
         }
     }
     mla_wait<0>();
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        int c = n0 + warp * 32 + i * 8 + 2 * q4;
-        if (g < rows) {
-            float* o = out + (i64)(m0 + g) * n;
-            if (c < n) o[c] = acc[i][0];
-            if (c + 1 < n) o[c + 1] = acc[i][1];
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int c = n0 + warp * 32 + i * 8 + 2 * q4, r0 = m * 16 + g, r1 = r0 + 8;
+            if (r0 < rows) {
+                float* o = out + (i64)(m0 + r0) * n;
+                if (c < n) o[c] = acc[m][i][0];
+                if (c + 1 < n) o[c + 1] = acc[m][i][1];
+            }
+            if (r1 < rows) {
+                float* o = out + (i64)(m0 + r1) * n;
+                if (c < n) o[c] = acc[m][i][2];
+                if (c + 1 < n) o[c + 1] = acc[m][i][3];
+            }
         }
-        if (g + 8 < rows) {
-            float* o = out + (i64)(m0 + g + 8) * n;
-            if (c < n) o[c] = acc[i][2];
-            if (c + 1 < n) o[c + 1] = acc[i][3];
-        }
-    }
 }
+
+#define MOE_GEMM_ENTRY(NAME, MT)                                                               \
+    extern "C" __global__ void __launch_bounds__(128)                                          \
+        NAME(const unsigned long long* w_ptrs, const int* order, const bf16* x, int x_div,    \
+             int gather, const int* offsets, const int* tile_off, int held, int n, int k,     \
+             float* out) {                                                                     \
+        moe_gemm_t<MT>(w_ptrs, order, x, x_div, gather, offsets, tile_off, held, n, k, out); \
+    }
+MOE_GEMM_ENTRY(moe_gemm, 1)
+MOE_GEMM_ENTRY(moe_gemm_m4, 4)
+
 #else
 extern "C" __global__ void moe_gemm(const unsigned long long* w_ptrs, const int* order,
                                     const bf16* x, int x_div, int gather, const int* offsets,
                                     const int* tile_off, int held, int n, int k, float* out) {
+    __trap();
+}
+extern "C" __global__ void moe_gemm_m4(const unsigned long long* w_ptrs, const int* order,
+                                       const bf16* x, int x_div, int gather, const int* offsets,
+                                       const int* tile_off, int held, int n, int k, float* out) {
     __trap();
 }
 #endif

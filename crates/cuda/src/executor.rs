@@ -37,9 +37,9 @@ use std::sync::Arc;
 /// (token, slot) pairs; larger ones gather rows per expert for cuBLAS GEMMs (each active
 /// expert's weights read once).
 const MOE_GEMV_MAX_TOKENS: usize = 4;
-/// Largest batch on the grouped expert GEMM (16-row tiles: past ~2 tiles per expert the
-/// per-expert cuBLAS GEMMs read the weights fewer times).
-const MOE_GROUPED_MAX_TOKENS: usize = 256;
+/// Largest batch on the grouped expert GEMM; the sort's limit (MOE_SORT_MAX_PAIRS / top-k)
+/// binds first for every model we know (2,048 tokens at top-8).
+const MOE_GROUPED_MAX_TOKENS: usize = 4096;
 /// Most splits of one query's key list in the absorbed decode kernel.
 const MQA_MAX_SPLITS: usize = 16;
 
@@ -233,6 +233,49 @@ impl CudaExecutor {
         if !on {
             self.graphs.clear();
         }
+    }
+
+    /// One step with every kernel and GEMM timed on the GPU: (label, µs) in stream order, and
+    /// whether the step ran as a graph. A decode step that can be graphed is captured with
+    /// its profile events as graph nodes and replayed twice (the second replay is reported),
+    /// so the times include graph scheduling but no host launch gaps; any other step runs
+    /// eagerly, and its times include the gaps where the host launched slower than the GPU
+    /// ran. The step's cache writes happen as in a normal step.
+    pub fn profile_step(&mut self, batch: &ForwardBatch) -> Result<(Vec<(String, f64)>, bool)> {
+        let num_blocks = self.cache.as_ref().map_or(0, |c| c.num_blocks);
+        let block_size = self.cache.as_ref().map_or(0, |c| c.block_size);
+        batch.check_against(num_blocks, block_size, self.model.config().vocab_size)?;
+        self.gpu.begin_step();
+        let h = self.host_inputs(batch);
+        let graphed = self.graph_key(batch, &h).is_some();
+        let run = || -> Result<()> {
+            if graphed {
+                let inputs = StepInputs::new(&self.gpu, &h, Some(num_blocks * batch.num_tokens()))?;
+                self.gpu.begin_capture()?;
+                let body = self
+                    .gpu
+                    .prof_begin()
+                    .and_then(|_| self.body(batch, &inputs));
+                let graph = self.gpu.end_capture();
+                body?;
+                let graph = graph?;
+                for _ in 0..2 {
+                    graph
+                        .launch()
+                        .map_err(|e| CudaError::driver("launching a decode graph", e))?;
+                }
+                Ok(())
+            } else {
+                let inputs = StepInputs::new(&self.gpu, &h, None)?;
+                self.gpu.prof_begin()?;
+                self.body(batch, &inputs).map(|_| ())
+            }
+        };
+        let r = run();
+        let prof = self.gpu.prof_take();
+        self.gpu.end_step();
+        r?;
+        Ok((prof?, graphed))
     }
 
     /// Decode shapes captured as CUDA graphs so far.

@@ -22,7 +22,7 @@ use crate::ops::AttnDims;
 use cudarc::driver::LaunchConfig;
 
 /// One compiled variant (an FA_ENTRY line of flash_attn.cu): head widths (q/k and v,
-/// zero-padded up to them), keys per tile, warps (16 query rows each).
+/// zero-padded up to them), keys per tile, warps, m-tiles of 16 query rows per warp.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FaVariant {
     pub kernel: &'static str,
@@ -30,6 +30,7 @@ pub struct FaVariant {
     pub dv: usize,
     pub bn: usize,
     pub warps: usize,
+    pub mt: usize,
 }
 
 const fn fa(kernel: &'static str, dq: usize, dv: usize, bn: usize, warps: usize) -> FaVariant {
@@ -39,22 +40,40 @@ const fn fa(kernel: &'static str, dq: usize, dv: usize, bn: usize, warps: usize)
         dv,
         bn,
         warps,
+        mt: 1,
     }
 }
 
-/// The variants the executor uses, narrowest first.
+/// 4 warps of two m-tiles (32 query rows) each: Q read from shared memory.
+const fn fa_m2(kernel: &'static str, dq: usize, dv: usize, bn: usize) -> FaVariant {
+    FaVariant {
+        kernel,
+        dq,
+        dv,
+        bn,
+        warps: 4,
+        mt: 2,
+    }
+}
+
+/// The variants the executor uses, narrowest first; the fastest of the kernel lab per width
+/// (bench/cuda/flash_attn.md): 8 warps sharing 64-key tiles at 256, 4 warps below (at
+/// 192/128 the 8-warp and 32-row variants win only at 8k+ tokens and lose on short chunks).
 pub const FA_VARIANTS: [FaVariant; 4] = [
     fa("fa_fwd_d64", 64, 64, 64, 4),
     fa("fa_fwd_d128", 128, 128, 64, 4),
     fa("fa_fwd_d192v128", 192, 128, 64, 4),
-    fa("fa_fwd_d256", 256, 256, 32, 4),
+    fa("fa_fwd_d256_w8", 256, 256, 64, 8),
 ];
 
 /// Further variants timed by the kernel lab (examples/flash_attn.rs).
-pub const FA_LAB_VARIANTS: [FaVariant; 3] = [
+pub const FA_LAB_VARIANTS: [FaVariant; 6] = [
     fa("fa_fwd_d192v128_w8", 192, 128, 64, 8),
-    fa("fa_fwd_d256_w8", 256, 256, 64, 8),
+    fa("fa_fwd_d256", 256, 256, 32, 4),
     fa("fa_fwd_d256_w8n32", 256, 256, 32, 8),
+    fa_m2("fa_fwd_d192v128_m2", 192, 128, 64),
+    fa_m2("fa_fwd_d192v128_m2n32", 192, 128, 32),
+    fa_m2("fa_fwd_d128_m2", 128, 128, 64),
 ];
 
 impl FaVariant {
@@ -68,7 +87,7 @@ impl FaVariant {
 
     /// Query rows per tile.
     pub fn bm(&self) -> usize {
-        16 * self.warps
+        16 * self.warps * self.mt
     }
 
     /// Dynamic shared memory of one block: Q [bm][dq+8], K [2][bn][dq+8], V [2][bn][dv+8] bf16.
@@ -247,9 +266,15 @@ mod tests {
             FaVariant::for_dims(192, 128).unwrap().kernel,
             "fa_fwd_d192v128"
         );
-        assert_eq!(FaVariant::for_dims(256, 256).unwrap().kernel, "fa_fwd_d256");
+        assert_eq!(
+            FaVariant::for_dims(256, 256).unwrap().kernel,
+            "fa_fwd_d256_w8"
+        );
         assert_eq!(FaVariant::for_dims(48, 32).unwrap().kernel, "fa_fwd_d64");
-        assert_eq!(FaVariant::for_dims(192, 192).unwrap().kernel, "fa_fwd_d256");
+        assert_eq!(
+            FaVariant::for_dims(192, 192).unwrap().kernel,
+            "fa_fwd_d256_w8"
+        );
         assert!(FaVariant::for_dims(320, 128).is_none());
     }
 

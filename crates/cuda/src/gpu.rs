@@ -112,6 +112,9 @@ pub struct Gpu {
     pub sm_count: usize,
     /// Kernels whose dynamic shared-memory limit was already raised (once per kernel).
     smem_raised: std::sync::Mutex<std::collections::HashSet<&'static str>>,
+    /// While profiling ([`Gpu::prof_begin`]): an event recorded after every kernel and GEMM,
+    /// with its label.
+    prof: std::sync::Mutex<Option<Vec<(String, cudarc::driver::CudaEvent)>>>,
 }
 
 /// The step scratch arena: chunks of device memory, bump-allocated, reset per step.
@@ -225,6 +228,7 @@ impl Gpu {
             max_smem_per_block,
             sm_count,
             smem_raised: std::sync::Mutex::new(std::collections::HashSet::new()),
+            prof: std::sync::Mutex::new(None),
         })
     }
 
@@ -321,6 +325,62 @@ impl Gpu {
         let r = self.alloc::<T>(len);
         self.arena.lock().unwrap_or_else(|e| e.into_inner()).active = was;
         r
+    }
+
+    /// Starts a profile: from now on every kernel launch and GEMM records an event after it
+    /// (inside a graph capture the events become event-record nodes), so
+    /// [`Gpu::prof_take`] can time each one on the GPU.
+    pub fn prof_begin(&self) -> Result<()> {
+        let mut p = self.prof.lock().unwrap_or_else(|e| e.into_inner());
+        *p = Some(Vec::new());
+        drop(p);
+        self.prof_mark("start")
+    }
+
+    /// Records a profile event labelled `label` (no-op unless profiling).
+    pub fn prof_mark(&self, label: &str) -> Result<()> {
+        let mut p = self.prof.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(v) = p.as_mut() else {
+            return Ok(());
+        };
+        let ev = self
+            .ctx
+            .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| CudaError::driver("profile event", e))?;
+        // SAFETY: a live event and this context's stream; EXTERNAL makes a captured record a
+        // real event-record node of the graph.
+        unsafe {
+            cudarc::driver::sys::cuEventRecordWithFlags(
+                ev.cu_event(),
+                self.stream.cu_stream(),
+                cudarc::driver::sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32,
+            )
+        }
+        .result()
+        .map_err(|e| CudaError::driver("recording a profile event", e))?;
+        v.push((label.to_string(), ev));
+        Ok(())
+    }
+
+    /// Ends the profile: waits for the stream, returns (label, µs since the previous mark)
+    /// per kernel or GEMM, in stream order.
+    pub fn prof_take(&self) -> Result<Vec<(String, f64)>> {
+        let v = self
+            .prof
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .unwrap_or_default();
+        self.sync()?;
+        let mut out = Vec::with_capacity(v.len());
+        for w in v.windows(2) {
+            let ms = w[0]
+                .1
+                .elapsed_ms(&w[1].1)
+                .map_err(|e| CudaError::driver("profile event time", e))?;
+            out.push((w[1].0.clone(), ms as f64 * 1e3));
+        }
+        Ok(out)
     }
 
     /// Starts capturing the stream's work into a CUDA graph (relaxed mode: the arena may
@@ -536,7 +596,8 @@ impl Gpu {
                 &mut params,
             )
         }
-        .map_err(|e| CudaError::driver(format!("launching {name}"), e))
+        .map_err(|e| CudaError::driver(format!("launching {name}"), e))?;
+        self.prof_mark(name)
     }
 }
 

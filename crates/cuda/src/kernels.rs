@@ -73,8 +73,12 @@ pub const NAMES: &[&str] = &[
     "fa_fwd_d192v128_w8",
     "fa_fwd_d256_w8",
     "fa_fwd_d256_w8n32",
+    "fa_fwd_d192v128_m2",
+    "fa_fwd_d192v128_m2n32",
+    "fa_fwd_d128_m2",
     "moe_sort",
     "moe_gemm",
+    "moe_gemm_m4",
 ];
 
 /// NVRTC's name for a compute capability.

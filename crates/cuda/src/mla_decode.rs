@@ -284,7 +284,10 @@ impl Gpu {
 
 /// See [`Gpu::mqa_tc_splits`]; `units` = tokens x head groups.
 pub fn pick_splits(units: usize, sms: usize, max_keys: usize, max_splits: usize) -> usize {
-    let cap = max_splits.min(max_keys.div_ceil(256)).max(1);
+    // At least 256 keys a split, or 64 (one tile) when the blocks would fill under 1/8 of
+    // the SMs: a decode of a few tokens is latency-bound (bench/cuda/decode_profile.md).
+    let min_keys = if units * 8 <= sms { 64 } else { 256 };
+    let cap = max_splits.min(max_keys.div_ceil(min_keys)).max(1);
     let fill = |s: usize| {
         let blocks = units * s;
         blocks as f64 / (blocks.div_ceil(sms) * sms) as f64
@@ -305,7 +308,8 @@ mod tests {
         assert_eq!(pick_splits(128, 132, 8192, 16), 1);
         // Batch 1: as many splits as allowed, 256 keys each at least.
         assert_eq!(pick_splits(1, 132, 4096, 16), 16);
-        assert_eq!(pick_splits(1, 132, 300, 16), 2);
+        assert_eq!(pick_splits(1, 132, 300, 16), 5);
+        assert_eq!(pick_splits(1, 132, 513, 16), 9);
         assert_eq!(pick_splits(1, 132, 1, 16), 1);
     }
 

@@ -1,7 +1,8 @@
 //! MoE past the GEMV path without a host round trip (`kernels/moe_grouped.cu`): the routed
 //! (token, slot) pairs are sorted by expert on the GPU ([`Gpu::moe_sort`]) and each projection
 //! is one grouped tensor-core GEMM launch over all experts ([`Gpu::moe_gemm`]), which reads an
-//! expert's weights once per 16 of its rows.
+//! expert's weights once per 16 of its rows, or per 64 when the experts average 32 rows or
+//! more ([`moe_tile_rows`]).
 //!
 //! Invariants: the sort is stable (rows of an expert in pair order), so results do not
 //! depend on scheduling; launch configurations depend only on the pair count (the GEMM grid
@@ -15,21 +16,33 @@ use crate::gpu::Gpu;
 use cudarc::driver::LaunchConfig;
 
 /// Most pairs (tokens × top-k) one sort takes (its shared-memory copy of the ids).
-pub const MOE_SORT_MAX_PAIRS: usize = 8192;
-const BM: usize = 16;
+pub const MOE_SORT_MAX_PAIRS: usize = 16384;
 const BN: usize = 128;
-const SMEM: usize = 4 * (16 + 128) * 72 * 2;
 
-/// M-tiles the GEMM grid provides for `pairs` rows over `held` experts: each expert's rows
-/// round up to whole 16-row tiles, so at most ceil(pairs / 16) + held.
-pub fn moe_max_tiles(pairs: usize, held: usize) -> usize {
-    pairs.div_ceil(BM) + held.min(pairs)
+/// Rows per GEMM block for `pairs` rows over `held` experts: 64 (moe_gemm_m4) when the
+/// experts average 32 rows or more, else 16 (moe_gemm). A function of the shape only.
+pub fn moe_tile_rows(pairs: usize, held: usize) -> usize {
+    if pairs >= 32 * held.max(1) {
+        64
+    } else {
+        16
+    }
+}
+
+/// M-tiles the GEMM grid provides: each expert's rows round up to whole tiles of `bm`, so
+/// at most ceil(pairs / bm) + (experts with rows).
+pub fn moe_max_tiles(pairs: usize, held: usize, bm: usize) -> usize {
+    pairs.div_ceil(bm) + held.min(pairs)
+}
+
+fn gemm_smem(bm: usize) -> usize {
+    4 * (bm + BN) * 72 * 2
 }
 
 impl Gpu {
     /// Stable sort of `pairs` expert ids [P] (global expert numbers; experts outside
     /// first..first+held dropped) → order [P], pos [P] (-1 if dropped), offsets [held + 1],
-    /// tile_off [held + 1] (i32).
+    /// tile_off [held + 1] (i32; tiles of [`moe_tile_rows`]).
     #[allow(clippy::too_many_arguments)]
     pub fn moe_sort(
         &self,
@@ -47,11 +60,19 @@ impl Gpu {
                 "GPU expert sort takes 1-1024 experts and <= {MOE_SORT_MAX_PAIRS} pairs, got {held} / {pairs}"
             )));
         }
+        let smem = pairs.max(1) * 4;
+        self.raise_smem("moe_sort", MOE_SORT_MAX_PAIRS * 4)?;
+        let bm = moe_tile_rows(pairs, held) as i32;
         let (p, f, h) = (pairs as i32, first as i32, held as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
         self.launch(
             "moe_sort",
-            Gpu::cfg((1, 1, 1), 1024),
-            &args![ids, p, f, h, order, pos, offsets, tile_off],
+            cfg,
+            &args![ids, p, f, h, bm, order, pos, offsets, tile_off],
         )
     }
 
@@ -81,15 +102,24 @@ impl Gpu {
                 self.arch
             )));
         }
-        self.raise_smem("moe_gemm", SMEM)?;
+        let bm = moe_tile_rows(pairs, held);
+        let (name, smem) = match bm {
+            64 => ("moe_gemm_m4", gemm_smem(64)),
+            _ => ("moe_gemm", gemm_smem(16)),
+        };
+        self.raise_smem(name, smem)?;
         let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(BN) as u32, moe_max_tiles(pairs, held) as u32, 1),
+            grid_dim: (
+                n.div_ceil(BN) as u32,
+                moe_max_tiles(pairs, held, bm) as u32,
+                1,
+            ),
             block_dim: (128, 1, 1),
-            shared_mem_bytes: SMEM as u32,
+            shared_mem_bytes: smem as u32,
         };
         let (xd, ga, h, n32, k32) = (x_div as i32, gather as i32, held as i32, n as i32, k as i32);
         self.launch(
-            "moe_gemm",
+            name,
             cfg,
             &args![w_ptrs, order, x, xd, ga, offsets, tile_off, h, n32, k32, out],
         )

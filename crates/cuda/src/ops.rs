@@ -157,7 +157,18 @@ impl Gpu {
                 )
                 .map_err(err)
             }
-        }
+        }?;
+        self.prof_mark(&format!(
+            "gemm {}x{}x{}{}",
+            g.m,
+            g.n,
+            g.k,
+            if g.batch > 1 {
+                format!(" x{}", g.batch)
+            } else {
+                String::new()
+            }
+        ))
     }
 
     /// x[t, :] = table[tokens[t], :] as f32.  table [V, h] bf16, tokens [T], x [T, h].
@@ -635,10 +646,11 @@ impl Gpu {
         k: usize,
         h: usize,
     ) -> Result<()> {
+        let grid = (t as u32, h.div_ceil(256) as u32, 1);
         let (k, h) = (k as i32, h as i32);
         self.launch(
             "moe_combine_pairs",
-            Gpu::cfg(grid1(t), 256),
+            Gpu::cfg(grid, 256),
             &args![x, y, w, k, h],
         )
     }

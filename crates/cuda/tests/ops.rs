@@ -10,6 +10,7 @@
 
 use mlaserve_backend::{rms_norm, silu_mul};
 use mlaserve_cuda::flash_attn::{fa_tiles, FaVariant, FA_LAB_VARIANTS, FA_VARIANTS};
+use mlaserve_cuda::moe_grouped::moe_tile_rows;
 use mlaserve_cuda::ops::{AttnDims, Gemm, GemmType, KeyLists};
 use mlaserve_cuda::{DBuf, Gpu};
 use mlaserve_model::layers::attention::attend;
@@ -1260,6 +1261,9 @@ fn moe_grouped(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         ),
         (50, 4, 10, 5, 3, 128, 128, Some(1usize)),
         (256, 6, 64, 64, 0, 136, 72, None),
+        // >= 32 rows per expert on average: 64-row tiles (moe_gemm_m4).
+        (400, 6, 16, 16, 0, 200, 136, Some(3)),
+        (2048, 8, 64, 32, 16, 128, 64, None),
     ];
     for (t, k, experts, held, first, n, kd, missing) in cases {
         let pairs = t * k;
@@ -1289,6 +1293,7 @@ fn moe_grouped(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         let mut want_order: Vec<i32> = Vec::new();
         let mut want_off = vec![0i32];
         let mut want_tiles = vec![0i32];
+        let bm = moe_tile_rows(pairs, held) as i32;
         let mut want_pos = vec![-1i32; pairs];
         for e in 0..held {
             for (pi, &id) in ids.iter().enumerate() {
@@ -1299,7 +1304,7 @@ fn moe_grouped(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             }
             let c = want_order.len() as i32 - want_off[e];
             want_off.push(want_order.len() as i32);
-            want_tiles.push(want_tiles[e] + (c + 15) / 16);
+            want_tiles.push(want_tiles[e] + (c + bm - 1) / bm);
         }
         let valid = want_order.len();
         let got_order = gpu.to_host(&order).unwrap();
@@ -1307,7 +1312,7 @@ fn moe_grouped(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             + (gpu.to_host(&pos).unwrap() != want_pos) as usize
             + (gpu.to_host(&offsets).unwrap() != want_off) as usize
             + (gpu.to_host(&tile_off).unwrap() != want_tiles) as usize;
-        let name = format!("pairs{pairs} E{experts} held{held} n{n} k{kd}");
+        let name = format!("pairs{pairs} E{experts} held{held} n{n} k{kd} bm{bm}");
         rep.check("moe_sort", name.clone(), "i32", mism as f64, 0.0);
         // Gathered rows (gate/up: x row = pair / k), then sorted rows (down: x row = r).
         for gather in [true, false] {

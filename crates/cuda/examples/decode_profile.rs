@@ -1,0 +1,121 @@
+//! Where a decode step's time goes: loads a model on the GPU, prefills `--batch` sequences of
+//! `--ctx` random tokens, then times one decode step kernel by kernel
+//! ([`CudaExecutor::profile_step`]: captured as a CUDA graph with an event after every kernel
+//! and GEMM, replayed, read back). Prints each label (kernel name, or GEMM m×n×k) with its
+//! calls, total µs and share of the step, and for GEMMs the bandwidth of the bytes they must
+//! move (bf16 weights and inputs, f32 outputs) against the 3,970 GB/s copy ceiling.
+//!
+//! ```text
+//! cargo run --release -p mlaserve-cuda --example decode_profile -- MODEL.gguf
+//!     [--batch 1] [--ctx 512] [--json out.json]
+//! ```
+
+use mlaserve_cuda::CudaExecutor;
+use mlaserve_model::{
+    AttentionPath, Executor, ForwardBatch, LoadOptions, LogitsWanted, Model, SeqInput,
+};
+use std::sync::Arc;
+
+const COPY_GBS: f64 = 3970.0;
+
+/// Bytes a GEMM labelled "gemm MxNxK[ xB]" must move: bf16 weights and inputs, f32 out.
+fn gemm_bytes(label: &str) -> Option<f64> {
+    let rest = label.strip_prefix("gemm ")?;
+    let (dims, batch) = match rest.split_once(" x") {
+        Some((d, b)) => (d, b.parse::<f64>().ok()?),
+        None => (rest, 1.0),
+    };
+    let v: Vec<f64> = dims.split('x').filter_map(|x| x.parse().ok()).collect();
+    let [m, n, k] = v[..] else { return None };
+    Some(batch * (n * k * 2.0 + m * k * 2.0 + m * n * 4.0))
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let path = args
+        .get(1)
+        .ok_or("usage: decode_profile MODEL [--batch B] [--ctx C]")?;
+    let arg = |name: &str| args.iter().skip_while(|a| *a != name).nth(1).cloned();
+    let batch: usize = arg("--batch").map_or(Ok(1), |v| v.parse())?;
+    let ctx: usize = arg("--ctx").map_or(Ok(512), |v| v.parse())?;
+    let model = Arc::new(Model::load(
+        std::path::Path::new(path),
+        &LoadOptions::default(),
+    )?);
+    let vocab = model.config().vocab_size as u32;
+    let mut exec = CudaExecutor::new(model, 0)?;
+    let bs = 16;
+    let per = (ctx + 2).div_ceil(bs);
+    exec.init_cache(per * batch, bs)?;
+    let table = |i: usize| ((i * per) as u32..((i + 1) * per) as u32).collect::<Vec<u32>>();
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut tok = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % vocab as u64) as u32
+    };
+    // Prefill one sequence at a time (the prompt is not what is measured).
+    for i in 0..batch {
+        let seq = SeqInput {
+            tokens: (0..ctx).map(|_| tok()).collect(),
+            context_len: 0,
+            block_table: table(i),
+            logits: LogitsWanted::Last,
+        };
+        exec.forward(&ForwardBatch::new(vec![seq], bs, AttentionPath::Auto)?)?;
+    }
+    let seqs = (0..batch)
+        .map(|i| SeqInput {
+            tokens: vec![tok()],
+            context_len: ctx,
+            block_table: table(i),
+            logits: LogitsWanted::Last,
+        })
+        .collect();
+    let step = ForwardBatch::new(seqs, bs, AttentionPath::Auto)?;
+    exec.forward(&step)?; // a warm-up of the same shape
+    let (prof, graphed) = exec.profile_step(&step)?;
+    let total: f64 = prof.iter().map(|p| p.1).sum();
+    // Aggregate by label, in order of first appearance.
+    let mut rows: Vec<(String, usize, f64)> = Vec::new();
+    for (label, us) in &prof {
+        match rows.iter_mut().find(|r| &r.0 == label) {
+            Some(r) => {
+                r.1 += 1;
+                r.2 += us;
+            }
+            None => rows.push((label.clone(), 1, *us)),
+        }
+    }
+    rows.sort_by(|a, b| b.2.total_cmp(&a.2));
+    println!(
+        "{}: decode step of {batch} token(s) at context {ctx}, {}: {:.1} µs ({:.0} tok/s), {} kernels",
+        exec.device(),
+        if graphed { "CUDA graph" } else { "eager" },
+        total,
+        batch as f64 / total * 1e6,
+        prof.len()
+    );
+    println!("| label | calls | µs | share | µs/call | GB/s |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    let mut json_rows = Vec::new();
+    for (label, calls, us) in &rows {
+        let gbs = gemm_bytes(label).map(|b| b * *calls as f64 / us / 1e3);
+        println!(
+            "| {label} | {calls} | {us:.1} | {:.1}% | {:.2} | {} |",
+            100.0 * us / total,
+            us / *calls as f64,
+            gbs.map_or(String::new(), |g| format!(
+                "{g:.0} ({:.0}%)",
+                100.0 * g / COPY_GBS
+            ))
+        );
+        json_rows.push(serde_json::json!({"label": label, "calls": calls, "us": us, "gb_s": gbs}));
+    }
+    if let Some(p) = arg("--json") {
+        let doc = serde_json::json!({"device": exec.device(), "batch": batch, "ctx": ctx, "graphed": graphed, "step_us": total, "kernels": prof.len(), "rows": json_rows});
+        std::fs::write(p, serde_json::to_string_pretty(&doc)?)?;
+    }
+    Ok(())
+}

@@ -322,7 +322,10 @@ impl CudaExecutor {
         if !self.graphs.enabled
             || self.comm.is_some()
             || probe::active()
-            || cfg.indexer.is_some()
+            || cfg
+                .indexer
+                .as_ref()
+                .is_some_and(|ic| batch.positions.iter().any(|&p| p >= ic.topk))
             || !batch.is_decode.iter().all(|&d| d)
             || h.logit_rows.len() != t
             || (moe && t > self.moe_gpu_max)

@@ -7,8 +7,10 @@
 //!   launch configuration and scratch size of a decode step follows from those two; context
 //!   lengths, positions, slots and block tables are device data the graph reads.
 //! - Only steps without host round trips are captured: all tokens decoding, one GPU, no
-//!   probes, no DSA indexer (its top-k runs on the host), and MoE routing on the GPU
-//!   (the executor decides, `CudaExecutor::graph_key`).
+//!   probes, every position inside the DSA indexer's dense window (past index_topk its
+//!   top-k runs on the host), and MoE on the GPU (the executor decides,
+//!   `CudaExecutor::graph_key`). The key need not say whether DSA selects: a step with a
+//!   position past the window is never looked up.
 //! - The graph's inputs live in persistent buffers ([`crate::step_inputs::StepInputs`]); its
 //!   intermediates live in the step arena, which is reset per step and never shrinks, so the
 //!   captured addresses stay valid; all work is on one stream, so a replay never overlaps an

@@ -14,7 +14,10 @@
 //! cargo run --release -p mlaserve-cuda --example flash_attn -- [--json out.json] [--shape i]
 //! ```
 
-use cudarc::driver::sys::{CUevent_flags, CUfunction_attribute};
+#[path = "common/mod.rs"]
+mod common;
+
+use cudarc::driver::sys::CUfunction_attribute;
 use mlaserve_cuda::flash_attn::{fa_tiles, FaVariant, FA_LAB_VARIANTS, FA_VARIANTS};
 use mlaserve_cuda::ops::{AttnDims, KeyLists};
 use mlaserve_cuda::Gpu;
@@ -51,32 +54,14 @@ fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     num / den.max(f64::MIN_POSITIVE)
 }
 
-/// ms per launch of `run`: `batches` batches of `per` back-to-back launches between two CUDA
-/// events, after 2 warm-ups; median.
+/// ms per call: 2 warm-ups, median of `batches` batches of `per` back-to-back calls.
 fn time_ms(
     gpu: &Gpu,
     run: &dyn Fn() -> mlaserve_cuda::error::Result<()>,
     batches: usize,
     per: usize,
 ) -> Result<f64, Box<dyn std::error::Error>> {
-    for _ in 0..2 {
-        run()?;
-    }
-    gpu.sync()?;
-    let mut times = Vec::new();
-    for _ in 0..batches {
-        let e0 = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        let e1 = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        e0.record(&gpu.stream)?;
-        for _ in 0..per {
-            run()?;
-        }
-        e1.record(&gpu.stream)?;
-        e1.synchronize()?;
-        times.push(e0.elapsed_ms(&e1)? as f64 / per as f64);
-    }
-    times.sort_by(|a, b| a.total_cmp(b));
-    Ok(times[times.len() / 2])
+    Ok(common::time_us(gpu, run, 2, batches, per)? / 1e3)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

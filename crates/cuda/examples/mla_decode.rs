@@ -15,7 +15,11 @@
 //!     [--no-bulk] [--shape i] [--variant M1S3Q]
 //! ```
 
-use cudarc::driver::sys::{CUevent_flags, CUfunction_attribute};
+#[path = "common/mod.rs"]
+mod common;
+
+use common::time_us;
+use cudarc::driver::sys::CUfunction_attribute;
 use mlaserve_cuda::mla_decode::MlaVariant;
 use mlaserve_cuda::ops::{AttnDims, KeyLists};
 use mlaserve_cuda::{DBuf, Gpu};
@@ -64,34 +68,6 @@ fn rel_err(a: &[u16], b: &[u16]) -> f64 {
         den = den.max(y.abs());
     }
     num / den.max(f64::MIN_POSITIVE)
-}
-
-/// µs per launch of `run`: `batches` batches of `per` back-to-back launches between two CUDA
-/// events (the host enqueues ahead, so launch latency stays out), after 3 warm-ups; median.
-fn time_us(
-    gpu: &Gpu,
-    run: &dyn Fn() -> mlaserve_cuda::error::Result<()>,
-    batches: usize,
-    per: usize,
-) -> Result<f64, Box<dyn std::error::Error>> {
-    for _ in 0..3 {
-        run()?;
-    }
-    gpu.sync()?;
-    let mut times = Vec::new();
-    for _ in 0..batches {
-        let e0 = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        let e1 = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        e0.record(&gpu.stream)?;
-        for _ in 0..per {
-            run()?;
-        }
-        e1.record(&gpu.stream)?;
-        e1.synchronize()?;
-        times.push(e0.elapsed_ms(&e1)? as f64 * 1e3 / per as f64);
-    }
-    times.sort_by(|a, b| a.total_cmp(b));
-    Ok(times[times.len() / 2])
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -225,7 +201,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 o_lat.ptr(),
             )
         };
-        record("naive".into(), splits, time_us(&gpu, &run, 3, 3)?, None);
+        record("naive".into(), splits, time_us(&gpu, &run, 3, 3, 3)?, None);
         for v in MlaVariant::ALL {
             if !wanted(v) {
                 continue;
@@ -276,7 +252,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 record(
                     format!("{v:?}"),
                     splits,
-                    time_us(&gpu, &run, 7, 10)?,
+                    time_us(&gpu, &run, 3, 7, 10)?,
                     Some(err),
                 );
             }

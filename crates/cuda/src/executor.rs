@@ -23,12 +23,11 @@ use crate::error::{CudaError, Result};
 use crate::flash_attn::FaVariant;
 use crate::gpu::{DBuf, Gpu};
 use crate::graphs::{DecodeGraph, GraphKey, Graphs};
-use crate::moe_grouped::MOE_SORT_MAX_PAIRS;
 use crate::nccl::NcclComm;
-use crate::ops::{AttnDims, Gemm, GemmType, KeyLists, RouteCfg};
+use crate::ops::{AttnDims, Gemm, GemmType, KeyLists};
 use crate::step_inputs::{HostInputs, KeyListHost, KeyListSet, StepInputs};
-use crate::weights::{GFfn, GLayer, GMat, GMlp, GMoe, GWeights};
-use mlaserve_model::layers::{dsa::top_k, ffn::route, rope::Rope};
+use crate::weights::{GFfn, GLayer, GMat, GMlp, GWeights};
+use mlaserve_model::layers::{dsa::top_k, rope::Rope};
 use mlaserve_model::probe::{self, PathTag};
 use mlaserve_model::{AttentionPath, Executor, ForwardBatch, Model, ModelConfig, ModelError};
 use std::sync::Arc;
@@ -36,10 +35,6 @@ use std::sync::Arc;
 /// Batches of at most this many tokens route on the GPU and run the experts as GEMVs over
 /// (token, slot) pairs; larger ones gather rows per expert for cuBLAS GEMMs (each active
 /// expert's weights read once).
-const MOE_GEMV_MAX_TOKENS: usize = 4;
-/// Largest batch on the grouped expert GEMM; the sort's limit (MOE_SORT_MAX_PAIRS / top-k)
-/// binds first for every model we know (2,048 tokens at top-8).
-const MOE_GROUPED_MAX_TOKENS: usize = 4096;
 /// Most splits of one query's key list in the absorbed decode kernel.
 const MQA_MAX_SPLITS: usize = 16;
 
@@ -78,38 +73,13 @@ pub struct CudaExecutor {
     moe_gpu_max: usize,
 }
 
-/// Whether a MoE layer can take the small-batch path (GPU routing + expert GEMVs): the
-/// GEMV's 16-byte loads and the routing kernel's shared arrays; other shapes gather + GEMM.
-fn moe_gemv_ok(m: &GMoe, cfg: &ModelConfig) -> bool {
-    let groups = cfg.moe.as_ref().map_or(1, |mc| mc.n_group);
-    !m.experts.is_empty()
-        && cfg.hidden_size % 8 == 0
-        && m.experts[0].f % 8 == 0
-        && m.num_experts <= 1024
-        && groups <= 64
-}
-
-/// Most tokens for which a MoE layer stays on the GPU: the GEMV path up to
-/// [`MOE_GEMV_MAX_TOKENS`], the sorted grouped GEMM (moe_grouped.rs, sm_80+) up to
-/// [`MOE_GROUPED_MAX_TOKENS`] (unless `MLASERVE_MOE_GROUPED=0`); past that, routing on the
-/// host and a GEMM per expert.
-fn moe_gpu_max_tokens(gpu: &Gpu, m: &GMoe, cfg: &ModelConfig) -> usize {
-    if !moe_gemv_ok(m, cfg) {
-        return 0;
-    }
-    let k = cfg.moe.as_ref().map_or(1, |mc| mc.top_k).max(1);
-    let grouped = std::env::var("MLASERVE_MOE_GROUPED").map_or(true, |v| v != "0");
-    if grouped && gpu.has_flash_attn() && m.experts.len() <= 1024 {
-        MOE_GROUPED_MAX_TOKENS.min(MOE_SORT_MAX_PAIRS / k)
-    } else {
-        MOE_GEMV_MAX_TOKENS
-    }
-}
-
 fn gemm_bf16(gpu: &Gpu, m: usize, x: u64, w: &GMat, out: u64, acc: bool) -> Result<()> {
     let g = Gemm::plain(GemmType::Bf16, m, w.rows, w.cols, x, w.w.ptr(), out);
     gpu.gemm(&if acc { g.accumulate() } else { g })
 }
+
+mod moe;
+use moe::moe_gpu_max_tokens;
 
 impl CudaExecutor {
     /// Puts `model` on GPU `ordinal`: opens the device, compiles the kernels, uploads the
@@ -250,7 +220,7 @@ impl CudaExecutor {
         let graphed = self.graph_key(batch, &h).is_some();
         let run = || -> Result<()> {
             if graphed {
-                let inputs = StepInputs::new(&self.gpu, &h, Some(num_blocks * batch.num_tokens()))?;
+                let inputs = StepInputs::new(&self.gpu, &h, None)?;
                 self.gpu.begin_capture()?;
                 let body = self
                     .gpu
@@ -350,16 +320,21 @@ impl CudaExecutor {
     ) -> Result<Vec<f32>> {
         let rows = h.logit_rows.len() * self.model.config().vocab_size;
         if let Some(mut g) = self.graphs.take(&key) {
-            let r = g.inputs.write(&self.gpu, h).and_then(|_| {
-                g.graph
-                    .launch()
-                    .map_err(|e| CudaError::driver("launching a decode graph", e))?;
-                self.gpu.read_f32_at(g.logits, rows)
-            });
-            self.graphs.put(key, g);
-            return r;
+            if g.inputs.fits(h) {
+                let r = g.inputs.write(&self.gpu, h).and_then(|_| {
+                    g.graph
+                        .launch()
+                        .map_err(|e| CudaError::driver("launching a decode graph", e))?;
+                    self.gpu.read_f32_at(g.logits, rows)
+                });
+                self.graphs.put(key, g);
+                return r;
+            }
+            // The block tables outgrew the graph's buffer: capture again with room to grow.
         }
-        let cap = self.cache.as_ref().map_or(0, |c| c.num_blocks) * key.tokens;
+        // Block tables get twice what this step needs (a power of two), not the whole cache:
+        // a graph of 256 tokens over a 200k-block cache would otherwise hold 200 MB.
+        let cap = (2 * h.block_tables.len()).next_power_of_two().max(4);
         let inputs = StepInputs::new(&self.gpu, h, Some(cap))?;
         self.gpu.begin_capture()?;
         let body = self.body(batch, &inputs);
@@ -545,231 +520,6 @@ impl CudaExecutor {
         let act = gpu.alloc::<u16>(rows * m.f)?;
         gpu.silu_mul(gu.ptr(), act.ptr(), m.f, rows)?;
         gemm_bf16(gpu, rows, act.ptr(), &m.down, out, true)
-    }
-
-    /// Routed + shared experts of hnb [T, H], accumulated into `out` [T, H].
-    fn moe(&self, m: &GMoe, t: usize, hn: &DBuf<f32>, hnb: &DBuf<u16>, out: u64) -> Result<()> {
-        let gpu = &self.gpu;
-        let cfg = self.model.config();
-        let mc = cfg
-            .moe
-            .as_ref()
-            .ok_or_else(|| CudaError::Invalid("MoE weights without a MoE config".into()))?;
-        let (h, e, k) = (cfg.hidden_size, m.num_experts, mc.top_k);
-        let logits = gpu.alloc::<f32>(t * e)?;
-        gpu.gemm(&Gemm::plain(
-            GemmType::F32,
-            t,
-            e,
-            h,
-            hn.ptr(),
-            m.router.ptr(),
-            logits.ptr(),
-        ))?;
-        let gpu_max = self.moe_gpu_max;
-        if t <= MOE_GEMV_MAX_TOKENS && gpu_max > 0 {
-            return self.moe_small(m, mc, t, &logits, hnb, out);
-        }
-        if t <= gpu_max {
-            return self.moe_grouped(m, mc, t, &logits, hnb, out);
-        }
-        let logits = gpu.to_host(&logits)?;
-        // Rows grouped by expert: rows_of[e] = (token, slot j in its top-k).
-        let mut by_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e];
-        let mut weights = vec![0f32; t * k];
-        for ti in 0..t {
-            let (idx, w) = route(
-                mc,
-                &logits[ti * e..(ti + 1) * e],
-                m.correction_bias.as_deref(),
-            );
-            for (j, (&ei, &wi)) in idx.iter().zip(&w).enumerate() {
-                by_expert[ei].push((ti, j));
-                weights[ti * k + j] = wi;
-            }
-        }
-        let mut gather = Vec::with_capacity(t * k);
-        let mut row_of = vec![-1i32; t * k];
-        let mut ranges = Vec::new();
-        let held = m.first_expert..m.first_expert + m.experts.len();
-        for (ei, list) in by_expert.iter().enumerate() {
-            if list.is_empty() || !held.contains(&ei) {
-                continue;
-            }
-            let r0 = gather.len();
-            for &(ti, j) in list {
-                row_of[ti * k + j] = gather.len() as i32;
-                gather.push(ti as i32);
-            }
-            ranges.push((ei, r0, gather.len()));
-        }
-        let rows = gather.len();
-        let f = m.experts[0].f;
-        let gather_d = gpu.upload(&gather)?;
-        let xe = gpu.alloc::<u16>(rows * h)?;
-        gpu.gather_rows(hnb.ptr(), gather_d.ptr(), rows, xe.ptr(), h)?;
-        let gu = gpu.alloc::<f32>(rows * 2 * f)?;
-        for &(ei, r0, r1) in &ranges {
-            let g = &m.experts[ei - m.first_expert].gate_up;
-            gemm_bf16(gpu, r1 - r0, xe.at(r0 * h), g, gu.at(r0 * 2 * f), false)?;
-        }
-        let act = gpu.alloc::<u16>(rows * f)?;
-        gpu.silu_mul(gu.ptr(), act.ptr(), f, rows)?;
-        let ye = gpu.alloc::<f32>(rows * h)?;
-        for &(ei, r0, r1) in &ranges {
-            let d = &m.experts[ei - m.first_expert].down;
-            gemm_bf16(gpu, r1 - r0, act.at(r0 * f), d, ye.at(r0 * h), false)?;
-        }
-        let row_d = gpu.upload(&row_of)?;
-        let w_d = gpu.upload(&weights)?;
-        gpu.moe_combine(t, out, ye.ptr(), row_d.ptr(), w_d.ptr(), k, h)?;
-        if let Some(sh) = &m.shared {
-            self.mlp(sh, t, hnb.ptr(), out)?;
-        }
-        Ok(())
-    }
-
-    /// Routing on the GPU, pairs sorted by expert on the GPU, one grouped GEMM launch per
-    /// projection (moe_grouped.rs); no host round trip.
-    fn moe_grouped(
-        &self,
-        m: &GMoe,
-        mc: &mlaserve_model::MoeConfig,
-        t: usize,
-        logits: &DBuf<f32>,
-        hnb: &DBuf<u16>,
-        out: u64,
-    ) -> Result<()> {
-        let gpu = &self.gpu;
-        let (h, k, f) = (self.model.config().hidden_size, mc.top_k, m.experts[0].f);
-        let pairs = t * k;
-        let (ids, w) = self.route_on_gpu(m, mc, t, logits)?;
-        let held = m.experts.len();
-        let order = gpu.alloc::<i32>(pairs)?;
-        let pos = gpu.alloc::<i32>(pairs)?;
-        let offsets = gpu.alloc::<i32>(held + 1)?;
-        let tile_off = gpu.alloc::<i32>(held + 1)?;
-        let (o, p, off, to) = (order.ptr(), pos.ptr(), offsets.ptr(), tile_off.ptr());
-        gpu.moe_sort(pairs, ids.ptr(), m.first_expert, held, o, p, off, to)?;
-        let gu = gpu.alloc::<f32>(pairs * 2 * f)?;
-        let gate_up = m.gate_up_ptrs.ptr();
-        gpu.moe_gemm(
-            pairs,
-            held,
-            gate_up,
-            o,
-            hnb.ptr(),
-            k,
-            true,
-            off,
-            to,
-            2 * f,
-            h,
-            gu.ptr(),
-        )?;
-        let act = gpu.alloc::<u16>(pairs * f)?;
-        gpu.silu_mul(gu.ptr(), act.ptr(), f, pairs)?;
-        let y = gpu.alloc::<f32>(pairs * h)?;
-        let down = m.down_ptrs.ptr();
-        gpu.moe_gemm(
-            pairs,
-            held,
-            down,
-            o,
-            act.ptr(),
-            1,
-            false,
-            off,
-            to,
-            h,
-            f,
-            y.ptr(),
-        )?;
-        gpu.moe_combine(t, out, y.ptr(), p, w.ptr(), k, h)?;
-        if let Some(sh) = &m.shared {
-            self.mlp(sh, t, hnb.ptr(), out)?;
-        }
-        Ok(())
-    }
-
-    /// Top-k expert ids [T*K] i32 and weights [T*K] f32 of router logits [T, E], on the GPU.
-    fn route_on_gpu(
-        &self,
-        m: &GMoe,
-        mc: &mlaserve_model::MoeConfig,
-        t: usize,
-        logits: &DBuf<f32>,
-    ) -> Result<(DBuf<i32>, DBuf<f32>)> {
-        let pairs = t * mc.top_k;
-        let ids = self.gpu.alloc::<i32>(pairs)?;
-        let w = self.gpu.alloc::<f32>(pairs)?;
-        let rc = RouteCfg {
-            experts: m.num_experts,
-            top_k: mc.top_k,
-            gating: match mc.gating {
-                mlaserve_model::Gating::Softmax => 0,
-                mlaserve_model::Gating::Sigmoid => 1,
-            },
-            n_group: mc.n_group,
-            topk_group: mc.topk_group,
-            norm: mc.norm_topk_prob,
-            scale: mc.routed_scaling_factor,
-        };
-        let bias = m.bias_dev.as_ref().map_or(0, |b| b.ptr());
-        self.gpu
-            .moe_route(t, logits.ptr(), bias, &rc, ids.ptr(), w.ptr())?;
-        Ok((ids, w))
-    }
-
-    /// Small batches: routing on the GPU and one expert GEMV launch per projection over all
-    /// (token, slot) pairs — no host round trip, no launch per expert.
-    fn moe_small(
-        &self,
-        m: &GMoe,
-        mc: &mlaserve_model::MoeConfig,
-        t: usize,
-        logits: &DBuf<f32>,
-        hnb: &DBuf<u16>,
-        out: u64,
-    ) -> Result<()> {
-        let gpu = &self.gpu;
-        let (h, k, f) = (self.model.config().hidden_size, mc.top_k, m.experts[0].f);
-        let pairs = t * k;
-        let (ids, w) = self.route_on_gpu(m, mc, t, logits)?;
-        let held = m.experts.len();
-        let gu = gpu.alloc::<f32>(pairs * 2 * f)?;
-        gpu.moe_gemv(
-            pairs,
-            m.gate_up_ptrs.ptr(),
-            m.first_expert,
-            held,
-            ids.ptr(),
-            hnb.ptr(),
-            k,
-            h,
-            2 * f,
-            gu.ptr(),
-        )?;
-        let act = gpu.alloc::<u16>(pairs * f)?;
-        gpu.silu_mul(gu.ptr(), act.ptr(), f, pairs)?;
-        let y = gpu.alloc::<f32>(pairs * h)?;
-        gpu.moe_gemv(
-            pairs,
-            m.down_ptrs.ptr(),
-            m.first_expert,
-            held,
-            ids.ptr(),
-            act.ptr(),
-            1,
-            f,
-            h,
-            y.ptr(),
-        )?;
-        gpu.moe_combine_pairs(t, out, y.ptr(), w.ptr(), k, h)?;
-        if let Some(sh) = &m.shared {
-            self.mlp(sh, t, hnb.ptr(), out)?;
-        }
-        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -12,7 +12,7 @@
 
 use crate::args;
 use crate::error::{CudaError, Result};
-use crate::gpu::Gpu;
+use crate::gpu::{DBuf, Gpu};
 use cudarc::driver::LaunchConfig;
 
 /// Most pairs (tokens × top-k) one sort takes (its shared-memory copy of the ids).
@@ -39,59 +39,72 @@ fn gemm_smem(bm: usize) -> usize {
     4 * (bm + BN) * 72 * 2
 }
 
+/// Pairs sorted by expert on the device ([`Gpu::moe_sort`]), i32 each: order [P] (pairs in
+/// sorted order; the first offsets[held] valid), pos [P] (sorted row of each pair, -1 if its
+/// expert is not held), offsets [held + 1], tile_off [held + 1] (m-tiles of
+/// [`moe_tile_rows`] before each expert).
+pub struct SortedPairs {
+    pub pairs: usize,
+    pub held: usize,
+    pub order: DBuf<i32>,
+    pub pos: DBuf<i32>,
+    pub offsets: DBuf<i32>,
+    pub tile_off: DBuf<i32>,
+}
+
 impl Gpu {
     /// Stable sort of `pairs` expert ids [P] (global expert numbers; experts outside
-    /// first..first+held dropped) → order [P], pos [P] (-1 if dropped), offsets [held + 1],
-    /// tile_off [held + 1] (i32; tiles of [`moe_tile_rows`]).
-    #[allow(clippy::too_many_arguments)]
+    /// first..first+held dropped).
     pub fn moe_sort(
         &self,
         pairs: usize,
         ids: u64,
         first: usize,
         held: usize,
-        order: u64,
-        pos: u64,
-        offsets: u64,
-        tile_off: u64,
-    ) -> Result<()> {
+    ) -> Result<SortedPairs> {
         if pairs > MOE_SORT_MAX_PAIRS || held > 1024 || held == 0 {
             return Err(CudaError::Invalid(format!(
                 "GPU expert sort takes 1-1024 experts and <= {MOE_SORT_MAX_PAIRS} pairs, got {held} / {pairs}"
             )));
         }
-        let smem = pairs.max(1) * 4;
+        let s = SortedPairs {
+            pairs,
+            held,
+            order: self.alloc(pairs)?,
+            pos: self.alloc(pairs)?,
+            offsets: self.alloc(held + 1)?,
+            tile_off: self.alloc(held + 1)?,
+        };
         self.raise_smem("moe_sort", MOE_SORT_MAX_PAIRS * 4)?;
         let bm = moe_tile_rows(pairs, held) as i32;
         let (p, f, h) = (pairs as i32, first as i32, held as i32);
+        let (o, ps, off, to) = (
+            s.order.ptr(),
+            s.pos.ptr(),
+            s.offsets.ptr(),
+            s.tile_off.ptr(),
+        );
         let cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
             block_dim: (1024, 1, 1),
-            shared_mem_bytes: smem as u32,
+            shared_mem_bytes: (pairs.max(1) * 4) as u32,
         };
-        self.launch(
-            "moe_sort",
-            cfg,
-            &args![ids, p, f, h, bm, order, pos, offsets, tile_off],
-        )
+        self.launch("moe_sort", cfg, &args![ids, p, f, h, bm, o, ps, off, to])?;
+        Ok(s)
     }
 
-    /// Grouped expert GEMM over the sorted rows of [`Gpu::moe_sort`]: out[r, :n] =
-    /// W_e[:n, :k] · x[src(r), :k] for every held expert e and row r of e, src(r) =
-    /// order[r] / x_div when `gather` else r. `w_ptrs` [held] bf16 [n, k] matrices;
-    /// x bf16; out f32 [pairs, n] (rows of dropped pairs untouched).
+    /// Grouped expert GEMM over the sorted rows of `s`: out[r, :n] = W_e[:n, :k] · x[src(r), :k]
+    /// for every held expert e and row r of e, src(r) = order[r] / x_div when `gather` else r.
+    /// `w_ptrs` [held] bf16 [n, k] matrices; x bf16; out f32 [pairs, n] (rows of dropped
+    /// pairs untouched).
     #[allow(clippy::too_many_arguments)]
     pub fn moe_gemm(
         &self,
-        pairs: usize,
-        held: usize,
+        s: &SortedPairs,
         w_ptrs: u64,
-        order: u64,
         x: u64,
         x_div: usize,
         gather: bool,
-        offsets: u64,
-        tile_off: u64,
         n: usize,
         k: usize,
         out: u64,
@@ -102,7 +115,7 @@ impl Gpu {
                 self.arch
             )));
         }
-        let bm = moe_tile_rows(pairs, held);
+        let bm = moe_tile_rows(s.pairs, s.held);
         let (name, smem) = match bm {
             64 => ("moe_gemm_m4", gemm_smem(64)),
             _ => ("moe_gemm", gemm_smem(16)),
@@ -111,17 +124,19 @@ impl Gpu {
         let cfg = LaunchConfig {
             grid_dim: (
                 n.div_ceil(BN) as u32,
-                moe_max_tiles(pairs, held, bm) as u32,
+                moe_max_tiles(s.pairs, s.held, bm) as u32,
                 1,
             ),
             block_dim: (128, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        let (xd, ga, h, n32, k32) = (x_div as i32, gather as i32, held as i32, n as i32, k as i32);
+        let (o, off, to) = (s.order.ptr(), s.offsets.ptr(), s.tile_off.ptr());
+        let (xd, ga, h) = (x_div as i32, gather as i32, s.held as i32);
+        let (n32, k32) = (n as i32, k as i32);
         self.launch(
             name,
             cfg,
-            &args![w_ptrs, order, x, xd, ga, offsets, tile_off, h, n32, k32, out],
+            &args![w_ptrs, o, x, xd, ga, off, to, h, n32, k32, out],
         )
     }
 }

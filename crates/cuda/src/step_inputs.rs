@@ -262,6 +262,12 @@ impl StepInputs {
         })
     }
 
+    /// Whether `h` fits the buffers (the block tables are the only input whose length varies
+    /// between steps of one graph shape).
+    pub fn fits(&self, h: &HostInputs) -> bool {
+        h.block_tables.len() <= self.block_tables.len()
+    }
+
     /// Rewrites persistent inputs in place for a graph replay of the same shape.
     pub fn write(&mut self, gpu: &Gpu, h: &HostInputs) -> Result<()> {
         if h.tokens.len() != self.tokens.len() || h.logit_rows.len() != self.n_logits {

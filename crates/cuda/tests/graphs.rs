@@ -14,7 +14,7 @@ use mlaserve_model::{
 use std::path::PathBuf;
 use std::sync::Arc;
 
-const BS: usize = 16;
+const BS: usize = 4;
 
 fn load(model: &str) -> Arc<Model> {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -37,12 +37,14 @@ fn run(exec: &mut CudaExecutor, prompts: &[Vec<u32>], steps: &[usize]) -> Vec<Ve
     let mut out = Vec::new();
     for step in 0..=*steps.iter().max().unwrap() {
         let live: Vec<usize> = (0..prompts.len()).filter(|&i| step <= steps[i]).collect();
+        // Each sequence's block table holds just the blocks it needs so far, so it grows
+        // while decoding (a graph's table buffer is outgrown and the shape captured again).
         let seqs = live
             .iter()
             .map(|&i| SeqInput {
                 tokens: next[i].clone(),
                 context_len: ctx[i],
-                block_table: table(i),
+                block_table: table(i)[..(ctx[i] + next[i].len()).div_ceil(BS)].to_vec(),
                 logits: LogitsWanted::Last,
             })
             .collect();
@@ -89,11 +91,16 @@ fn decode_graphs_replay_eager_steps_exactly() {
         let short = vec![vec![5, 9], vec![17, 4, 8]];
         let short_steps = [4, 3];
         let dsa = model == "glm_moe_dsa";
-        let scenarios: [(&[Vec<u32>], &[usize], usize); 3] = [
+        // One sequence whose block table grows from 1 to 11 blocks of 4: past the 4 blocks
+        // its graph was captured with, the shape is captured again. (GLM: graphed while its
+        // positions are inside the DSA window, steps 1-6.)
+        let grow = vec![vec![5, 9]];
+        let scenarios: [(&[Vec<u32>], &[usize], usize); 4] = [
             // Batches of 6, 5, 4, 3 below 256 keys, then (2, 2 splits) and (1, 2 splits);
             // GLM: positions past its DSA window, so nothing is captured.
             (&prompts, &steps, if dsa { 0 } else { 6 }),
             (&short, &short_steps, 2),
+            (&grow, &[40], 1),
             // Again after init_cache dropped the graphs.
             (&prompts, &steps, if dsa { 0 } else { 6 }),
         ];

@@ -1282,13 +1282,7 @@ fn moe_grouped(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             .map(|(e, b)| if Some(e) == missing { 0 } else { b.ptr() })
             .collect();
         let (pd, idd) = (gpu.upload(&ptrs).unwrap(), gpu.upload(&ids).unwrap());
-        let order = poisoned::<i32>(gpu, pairs);
-        let pos = poisoned::<i32>(gpu, pairs);
-        let offsets = poisoned::<i32>(gpu, held + 1);
-        let tile_off = poisoned::<i32>(gpu, held + 1);
-        let (o, p, off, to) = (order.ptr(), pos.ptr(), offsets.ptr(), tile_off.ptr());
-        gpu.moe_sort(pairs, idd.ptr(), first, held, o, p, off, to)
-            .unwrap();
+        let sorted = gpu.moe_sort(pairs, idd.ptr(), first, held).unwrap();
         // CPU: stable sort by local expert.
         let mut want_order: Vec<i32> = Vec::new();
         let mut want_off = vec![0i32];
@@ -1307,11 +1301,11 @@ fn moe_grouped(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             want_tiles.push(want_tiles[e] + (c + bm - 1) / bm);
         }
         let valid = want_order.len();
-        let got_order = gpu.to_host(&order).unwrap();
+        let got_order = gpu.to_host(&sorted.order).unwrap();
         let mism = (got_order[..valid] != want_order[..]) as usize
-            + (gpu.to_host(&pos).unwrap() != want_pos) as usize
-            + (gpu.to_host(&offsets).unwrap() != want_off) as usize
-            + (gpu.to_host(&tile_off).unwrap() != want_tiles) as usize;
+            + (gpu.to_host(&sorted.pos).unwrap() != want_pos) as usize
+            + (gpu.to_host(&sorted.offsets).unwrap() != want_off) as usize
+            + (gpu.to_host(&sorted.tile_off).unwrap() != want_tiles) as usize;
         let name = format!("pairs{pairs} E{experts} held{held} n{n} k{kd} bm{bm}");
         rep.check("moe_sort", name.clone(), "i32", mism as f64, 0.0);
         // Gathered rows (gate/up: x row = pair / k), then sorted rows (down: x row = r).
@@ -1323,15 +1317,11 @@ fn moe_grouped(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             let out = poisoned::<f32>(gpu, pairs * n);
             let x_div = if gather { k } else { 1 };
             gpu.moe_gemm(
-                pairs,
-                held,
+                &sorted,
                 pd.ptr(),
-                o,
                 xsd.ptr(),
                 x_div,
                 gather,
-                off,
-                to,
                 n,
                 kd,
                 out.ptr(),

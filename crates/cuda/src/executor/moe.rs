@@ -1,0 +1,266 @@
+//! The MoE FFN of a step, three ways by token count (all deterministic, same routing rules as
+//! the CPU's `route`):
+//! - up to [`MOE_GEMV_MAX_TOKENS`]: routing on the GPU, one expert-GEMV launch per projection
+//!   over all (token, slot) pairs;
+//! - up to [`moe_gpu_max_tokens`]: routing on the GPU, the pairs sorted by expert on the GPU,
+//!   one grouped tensor-core GEMM launch per projection (moe_grouped.rs);
+//! - past that (or where those kernels cannot run): routing on the host, rows gathered in
+//!   expert order, two cuBLAS GEMMs per active expert.
+//! The first two read nothing back to the host, so decode steps using them can be graphed.
+//! Shared experts are added once after any of them.
+
+use super::{gemm_bf16, CudaExecutor};
+use crate::error::{CudaError, Result};
+use crate::gpu::{DBuf, Gpu};
+use crate::moe_grouped::MOE_SORT_MAX_PAIRS;
+use crate::ops::{Gemm, GemmType, RouteCfg};
+use crate::weights::GMoe;
+use mlaserve_model::layers::ffn::route;
+use mlaserve_model::{ModelConfig, MoeConfig};
+
+/// Most tokens on the expert-GEMV path (each pair re-reads its expert's weights).
+const MOE_GEMV_MAX_TOKENS: usize = 4;
+/// Largest batch on the grouped expert GEMM; the sort's limit (MOE_SORT_MAX_PAIRS / top-k)
+/// binds first for every model we know (2,048 tokens at top-8).
+const MOE_GROUPED_MAX_TOKENS: usize = 4096;
+
+/// Whether a MoE layer can take the small-batch path (GPU routing + expert GEMVs): the
+/// GEMV's 16-byte loads and the routing kernel's shared arrays; other shapes gather + GEMM.
+pub(super) fn moe_gemv_ok(m: &GMoe, cfg: &ModelConfig) -> bool {
+    let groups = cfg.moe.as_ref().map_or(1, |mc| mc.n_group);
+    !m.experts.is_empty()
+        && cfg.hidden_size % 8 == 0
+        && m.experts[0].f % 8 == 0
+        && m.num_experts <= 1024
+        && groups <= 64
+}
+
+/// Most tokens for which a MoE layer stays on the GPU: the GEMV path up to
+/// [`MOE_GEMV_MAX_TOKENS`], the sorted grouped GEMM (moe_grouped.rs, sm_80+) up to
+/// [`MOE_GROUPED_MAX_TOKENS`] (unless `MLASERVE_MOE_GROUPED=0`); past that, routing on the
+/// host and a GEMM per expert.
+pub(super) fn moe_gpu_max_tokens(gpu: &Gpu, m: &GMoe, cfg: &ModelConfig) -> usize {
+    if !moe_gemv_ok(m, cfg) {
+        return 0;
+    }
+    let k = cfg.moe.as_ref().map_or(1, |mc| mc.top_k).max(1);
+    let grouped = std::env::var("MLASERVE_MOE_GROUPED").map_or(true, |v| v != "0");
+    if grouped && gpu.has_flash_attn() && m.experts.len() <= 1024 {
+        MOE_GROUPED_MAX_TOKENS.min(MOE_SORT_MAX_PAIRS / k)
+    } else {
+        MOE_GEMV_MAX_TOKENS
+    }
+}
+
+impl CudaExecutor {
+    /// Routed + shared experts of hnb [T, H] (hn f32 for the router), accumulated into
+    /// `out` [T, H].
+    pub(super) fn moe(
+        &self,
+        m: &GMoe,
+        t: usize,
+        hn: &DBuf<f32>,
+        hnb: &DBuf<u16>,
+        out: u64,
+    ) -> Result<()> {
+        let gpu = &self.gpu;
+        let cfg = self.model.config();
+        let mc = cfg
+            .moe
+            .as_ref()
+            .ok_or_else(|| CudaError::Invalid("MoE weights without a MoE config".into()))?;
+        let (h, e) = (cfg.hidden_size, m.num_experts);
+        let logits = gpu.alloc::<f32>(t * e)?;
+        gpu.gemm(&Gemm::plain(
+            GemmType::F32,
+            t,
+            e,
+            h,
+            hn.ptr(),
+            m.router.ptr(),
+            logits.ptr(),
+        ))?;
+        let gpu_max = self.moe_gpu_max;
+        if t <= MOE_GEMV_MAX_TOKENS && gpu_max > 0 {
+            self.moe_small(m, mc, t, &logits, hnb, out)?;
+        } else if t <= gpu_max {
+            self.moe_grouped(m, mc, t, &logits, hnb, out)?;
+        } else {
+            self.moe_host(m, mc, t, &logits, hnb, out)?;
+        }
+        if let Some(sh) = &m.shared {
+            self.mlp(sh, t, hnb.ptr(), out)?;
+        }
+        Ok(())
+    }
+
+    /// Routing on the host with the CPU's `route`, rows gathered in expert order, two cuBLAS
+    /// GEMMs per active expert, a deterministic combine.
+    fn moe_host(
+        &self,
+        m: &GMoe,
+        mc: &MoeConfig,
+        t: usize,
+        logits: &DBuf<f32>,
+        hnb: &DBuf<u16>,
+        out: u64,
+    ) -> Result<()> {
+        let gpu = &self.gpu;
+        let (h, e, k) = (self.model.config().hidden_size, m.num_experts, mc.top_k);
+        let logits = gpu.to_host(&logits)?;
+        // Rows grouped by expert: rows_of[e] = (token, slot j in its top-k).
+        let mut by_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e];
+        let mut weights = vec![0f32; t * k];
+        for ti in 0..t {
+            let (idx, w) = route(
+                mc,
+                &logits[ti * e..(ti + 1) * e],
+                m.correction_bias.as_deref(),
+            );
+            for (j, (&ei, &wi)) in idx.iter().zip(&w).enumerate() {
+                by_expert[ei].push((ti, j));
+                weights[ti * k + j] = wi;
+            }
+        }
+        let mut gather = Vec::with_capacity(t * k);
+        let mut row_of = vec![-1i32; t * k];
+        let mut ranges = Vec::new();
+        let held = m.first_expert..m.first_expert + m.experts.len();
+        for (ei, list) in by_expert.iter().enumerate() {
+            if list.is_empty() || !held.contains(&ei) {
+                continue;
+            }
+            let r0 = gather.len();
+            for &(ti, j) in list {
+                row_of[ti * k + j] = gather.len() as i32;
+                gather.push(ti as i32);
+            }
+            ranges.push((ei, r0, gather.len()));
+        }
+        let rows = gather.len();
+        let f = m.experts[0].f;
+        let gather_d = gpu.upload(&gather)?;
+        let xe = gpu.alloc::<u16>(rows * h)?;
+        gpu.gather_rows(hnb.ptr(), gather_d.ptr(), rows, xe.ptr(), h)?;
+        let gu = gpu.alloc::<f32>(rows * 2 * f)?;
+        for &(ei, r0, r1) in &ranges {
+            let g = &m.experts[ei - m.first_expert].gate_up;
+            gemm_bf16(gpu, r1 - r0, xe.at(r0 * h), g, gu.at(r0 * 2 * f), false)?;
+        }
+        let act = gpu.alloc::<u16>(rows * f)?;
+        gpu.silu_mul(gu.ptr(), act.ptr(), f, rows)?;
+        let ye = gpu.alloc::<f32>(rows * h)?;
+        for &(ei, r0, r1) in &ranges {
+            let d = &m.experts[ei - m.first_expert].down;
+            gemm_bf16(gpu, r1 - r0, act.at(r0 * f), d, ye.at(r0 * h), false)?;
+        }
+        let row_d = gpu.upload(&row_of)?;
+        let w_d = gpu.upload(&weights)?;
+        gpu.moe_combine(t, out, ye.ptr(), row_d.ptr(), w_d.ptr(), k, h)?;
+        Ok(())
+    }
+
+    /// Routing on the GPU, pairs sorted by expert on the GPU, one grouped GEMM launch per
+    /// projection (moe_grouped.rs); no host round trip.
+    fn moe_grouped(
+        &self,
+        m: &GMoe,
+        mc: &MoeConfig,
+        t: usize,
+        logits: &DBuf<f32>,
+        hnb: &DBuf<u16>,
+        out: u64,
+    ) -> Result<()> {
+        let gpu = &self.gpu;
+        let (h, k, f) = (self.model.config().hidden_size, mc.top_k, m.experts[0].f);
+        let pairs = t * k;
+        let (ids, w) = self.route_on_gpu(m, mc, t, logits)?;
+        let sorted = gpu.moe_sort(pairs, ids.ptr(), m.first_expert, m.experts.len())?;
+        let gu = gpu.alloc::<f32>(pairs * 2 * f)?;
+        let (gate_up, down) = (m.gate_up_ptrs.ptr(), m.down_ptrs.ptr());
+        gpu.moe_gemm(&sorted, gate_up, hnb.ptr(), k, true, 2 * f, h, gu.ptr())?;
+        let act = gpu.alloc::<u16>(pairs * f)?;
+        gpu.silu_mul(gu.ptr(), act.ptr(), f, pairs)?;
+        let y = gpu.alloc::<f32>(pairs * h)?;
+        gpu.moe_gemm(&sorted, down, act.ptr(), 1, false, h, f, y.ptr())?;
+        gpu.moe_combine(t, out, y.ptr(), sorted.pos.ptr(), w.ptr(), k, h)?;
+        Ok(())
+    }
+
+    /// Top-k expert ids [T*K] i32 and weights [T*K] f32 of router logits [T, E], on the GPU.
+    fn route_on_gpu(
+        &self,
+        m: &GMoe,
+        mc: &MoeConfig,
+        t: usize,
+        logits: &DBuf<f32>,
+    ) -> Result<(DBuf<i32>, DBuf<f32>)> {
+        let pairs = t * mc.top_k;
+        let ids = self.gpu.alloc::<i32>(pairs)?;
+        let w = self.gpu.alloc::<f32>(pairs)?;
+        let rc = RouteCfg {
+            experts: m.num_experts,
+            top_k: mc.top_k,
+            gating: match mc.gating {
+                mlaserve_model::Gating::Softmax => 0,
+                mlaserve_model::Gating::Sigmoid => 1,
+            },
+            n_group: mc.n_group,
+            topk_group: mc.topk_group,
+            norm: mc.norm_topk_prob,
+            scale: mc.routed_scaling_factor,
+        };
+        let bias = m.bias_dev.as_ref().map_or(0, |b| b.ptr());
+        self.gpu
+            .moe_route(t, logits.ptr(), bias, &rc, ids.ptr(), w.ptr())?;
+        Ok((ids, w))
+    }
+
+    /// Small batches: routing on the GPU and one expert GEMV launch per projection over all
+    /// (token, slot) pairs — no host round trip, no launch per expert.
+    fn moe_small(
+        &self,
+        m: &GMoe,
+        mc: &MoeConfig,
+        t: usize,
+        logits: &DBuf<f32>,
+        hnb: &DBuf<u16>,
+        out: u64,
+    ) -> Result<()> {
+        let gpu = &self.gpu;
+        let (h, k, f) = (self.model.config().hidden_size, mc.top_k, m.experts[0].f);
+        let pairs = t * k;
+        let (ids, w) = self.route_on_gpu(m, mc, t, logits)?;
+        let held = m.experts.len();
+        let gu = gpu.alloc::<f32>(pairs * 2 * f)?;
+        gpu.moe_gemv(
+            pairs,
+            m.gate_up_ptrs.ptr(),
+            m.first_expert,
+            held,
+            ids.ptr(),
+            hnb.ptr(),
+            k,
+            h,
+            2 * f,
+            gu.ptr(),
+        )?;
+        let act = gpu.alloc::<u16>(pairs * f)?;
+        gpu.silu_mul(gu.ptr(), act.ptr(), f, pairs)?;
+        let y = gpu.alloc::<f32>(pairs * h)?;
+        gpu.moe_gemv(
+            pairs,
+            m.down_ptrs.ptr(),
+            m.first_expert,
+            held,
+            ids.ptr(),
+            act.ptr(),
+            1,
+            f,
+            h,
+            y.ptr(),
+        )?;
+        gpu.moe_combine_pairs(t, out, y.ptr(), w.ptr(), k, h)?;
+        Ok(())
+    }
+}

@@ -337,6 +337,14 @@ impl Gpu {
         self.prof_mark("start")
     }
 
+    /// Whether a profile is being recorded ([`Gpu::prof_begin`]).
+    pub fn profiling(&self) -> bool {
+        self.prof
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
     /// Records a profile event labelled `label` (no-op unless profiling).
     pub fn prof_mark(&self, label: &str) -> Result<()> {
         let mut p = self.prof.lock().unwrap_or_else(|e| e.into_inner());

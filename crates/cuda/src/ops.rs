@@ -158,17 +158,15 @@ impl Gpu {
                 .map_err(err)
             }
         }?;
-        self.prof_mark(&format!(
-            "gemm {}x{}x{}{}",
-            g.m,
-            g.n,
-            g.k,
-            if g.batch > 1 {
-                format!(" x{}", g.batch)
-            } else {
-                String::new()
-            }
-        ))
+        if !self.profiling() {
+            return Ok(());
+        }
+        let batch = if g.batch > 1 {
+            format!(" x{}", g.batch)
+        } else {
+            String::new()
+        };
+        self.prof_mark(&format!("gemm {}x{}x{}{batch}", g.m, g.n, g.k))
     }
 
     /// x[t, :] = table[tokens[t], :] as f32.  table [V, h] bf16, tokens [T], x [T, h].

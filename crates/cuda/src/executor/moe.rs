@@ -6,6 +6,7 @@
 //!   one grouped tensor-core GEMM launch per projection (moe_grouped.rs);
 //! - past that (or where those kernels cannot run): routing on the host, rows gathered in
 //!   expert order, two cuBLAS GEMMs per active expert.
+//!
 //! The first two read nothing back to the host, so decode steps using them can be graphed.
 //! Shared experts are added once after any of them.
 
@@ -107,7 +108,7 @@ impl CudaExecutor {
     ) -> Result<()> {
         let gpu = &self.gpu;
         let (h, e, k) = (self.model.config().hidden_size, m.num_experts, mc.top_k);
-        let logits = gpu.to_host(&logits)?;
+        let logits = gpu.to_host(logits)?;
         // Rows grouped by expert: rows_of[e] = (token, slot j in its top-k).
         let mut by_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e];
         let mut weights = vec![0f32; t * k];

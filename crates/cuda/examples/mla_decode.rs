@@ -18,40 +18,14 @@
 #[path = "common/mod.rs"]
 mod common;
 
-use common::time_us;
+use common::{random_bf16, random_f32, time_us};
 use cudarc::driver::sys::CUfunction_attribute;
 use mlaserve_cuda::mla_decode::MlaVariant;
 use mlaserve_cuda::ops::{AttnDims, KeyLists};
 use mlaserve_cuda::{DBuf, Gpu};
-use rayon::prelude::*;
 
 const COPY_GBS: f64 = 3970.0;
 const GEMM_TFS: f64 = 804.0;
-
-/// Random bf16 bit patterns of uniform [-1, 1) values, `n` of them, from `seed`.
-fn random_bf16(n: usize, seed: u64) -> Vec<u16> {
-    let mut out = vec![0u16; n];
-    out.par_chunks_mut(1 << 20)
-        .enumerate()
-        .for_each(|(c, chunk)| {
-            let mut s = seed ^ (c as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            for x in chunk.iter_mut() {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                let f = (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
-                *x = half::bf16::from_f32(f).to_bits();
-            }
-        });
-    out
-}
-
-fn random_f32(n: usize, seed: u64) -> Vec<f32> {
-    random_bf16(n, seed)
-        .iter()
-        .map(|&b| half::bf16::from_bits(b).to_f32())
-        .collect()
-}
 
 /// max|a - b| / max|b| over bf16 outputs; NaN anywhere gives NaN.
 fn rel_err(a: &[u16], b: &[u16]) -> f64 {
@@ -201,7 +175,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 o_lat.ptr(),
             )
         };
-        record("naive".into(), splits, time_us(&gpu, &run, 3, 3, 3)?, None);
+        record(
+            "naive".into(),
+            splits,
+            time_us(&gpu, &|_| run(), 3, 3, 3)?,
+            None,
+        );
         for v in MlaVariant::ALL {
             if !wanted(v) {
                 continue;
@@ -252,7 +231,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 record(
                     format!("{v:?}"),
                     splits,
-                    time_us(&gpu, &run, 3, 7, 10)?,
+                    time_us(&gpu, &|_| run(), 3, 7, 10)?,
                     Some(err),
                 );
             }

@@ -17,7 +17,10 @@
 //! cargo run --release -p mlaserve-cuda --example qgemv -- [--json out.json] [--shape i]
 //! ```
 
-use cudarc::driver::sys::CUevent_flags;
+#[path = "common/mod.rs"]
+mod common;
+
+use common::{random_bf16, xorshift_bytes};
 use mlaserve_backend::{Bytes, GgmlType, QMatrix};
 use mlaserve_cuda::ops::{Gemm, GemmType};
 use mlaserve_cuda::qgemv::{QMat, QType, QgemvVariant};
@@ -29,34 +32,6 @@ const COPY_GBS: f64 = 3970.0;
 const ROTATE_BYTES: usize = 2 << 30;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
-
-fn xorshift_bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut out = vec![0u8; n];
-    out.par_chunks_mut(1 << 16)
-        .enumerate()
-        .for_each(|(c, chunk)| {
-            let mut s = seed ^ (c as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            for b in chunk.chunks_mut(8) {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                let v = s.to_le_bytes();
-                b.copy_from_slice(&v[..b.len()]);
-            }
-        });
-    out
-}
-
-/// Random bf16 bit patterns of uniform [-1, 1).
-fn random_bf16(n: usize, seed: u64) -> Vec<u16> {
-    xorshift_bytes(2 * n, seed)
-        .chunks_exact(2)
-        .map(|c| {
-            let f = u16::from_le_bytes([c[0], c[1]]) as f32 / 32768.0 - 1.0;
-            half::bf16::from_f32(f).to_bits()
-        })
-        .collect()
-}
 
 /// Raw blocks of a random [rows, k] matrix of `ty`: random quants and scale bytes, f16
 /// scales (d, dmin) set to finite values in [2^-10, 2^-7).
@@ -74,34 +49,14 @@ fn random_blocks(ty: QType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
     b
 }
 
-/// µs per launch of `run(i)` (i counts launches, to rotate weight copies): `batches` batches
-/// of `per` back-to-back launches between two events, after 3 warm-ups; median.
-fn time_us(
+/// µs per call, median of `batches` batches of `per` after 3 warm-ups (common::time_us).
+fn time(
     gpu: &Gpu,
     run: &dyn Fn(usize) -> mlaserve_cuda::error::Result<()>,
     batches: usize,
     per: usize,
 ) -> Res<f64> {
-    for i in 0..3 {
-        run(i)?;
-    }
-    gpu.sync()?;
-    let mut times = Vec::new();
-    let mut i = 0;
-    for _ in 0..batches {
-        let e0 = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        let e1 = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        e0.record(&gpu.stream)?;
-        for _ in 0..per {
-            run(i)?;
-            i += 1;
-        }
-        e1.record(&gpu.stream)?;
-        e1.synchronize()?;
-        times.push(e0.elapsed_ms(&e1)? as f64 * 1e3 / per as f64);
-    }
-    times.sort_by(|a, b| a.total_cmp(b));
-    Ok(times[times.len() / 2])
+    common::time_us(gpu, run, 3, batches, per)
 }
 
 /// `n` device copies of `src` (`bytes` bytes) made on the device.
@@ -187,7 +142,7 @@ fn main() -> Res<()> {
         let mut bf16_gbs = std::collections::HashMap::new();
         for &m in &ms {
             let bytes = (rows * k * 2 + m * k * 2 + m * rows * 4) as f64;
-            let us = time_us(
+            let us = time(
                 &gpu,
                 &|i| {
                     gpu.gemm(&Gemm::plain(
@@ -208,7 +163,7 @@ fn main() -> Res<()> {
             println!("M{m} bf16 cuBLAS          {us:8.1} µs {gbs:6.0} GB/s");
             rows_json.push(serde_json::json!({"shape": name, "rows": rows, "k": k, "m": m, "kernel": "bf16 cuBLAS", "us_median": us, "gb_s": gbs, "bytes": bytes}));
             if m == 1 {
-                let us = time_us(
+                let us = time(
                     &gpu,
                     &|i| {
                         gpu.moe_gemv(
@@ -288,7 +243,7 @@ fn main() -> Res<()> {
                         rows_json.push(serde_json::json!({"shape": name, "rows": rows, "k": k, "m": m, "kernel": format!("{ty:?} {label}"), "rel_err": err, "failed": true}));
                         continue;
                     }
-                    let us = time_us(
+                    let us = time(
                         &gpu,
                         &|i| {
                             gpu.qgemv_variant(
@@ -334,7 +289,7 @@ fn main() -> Res<()> {
             }
             // The dequantize kernel: blocks in, bf16 out.
             let dq = gpu.alloc::<u16>(rows * k)?;
-            let us = time_us(
+            let us = time(
                 &gpu,
                 &|i| gpu.dequant_bf16(&qs[i % nq], dq.ptr()),
                 15,

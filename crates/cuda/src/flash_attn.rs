@@ -101,6 +101,7 @@ impl FaVariant {
 /// a range. Longest key lists first (the last tile of a long prompt has the most keys), so
 /// the heaviest blocks start first.
 pub fn fa_tiles(ranges: &[(usize, usize)], n_keys: &[i32], bm: usize) -> Vec<i32> {
+    let bm = bm.max(1); // a tile holds at least one token, so the walk always advances
     let mut tiles: Vec<(i32, i32, i32)> = Vec::new();
     for &(a, b) in ranges {
         let mut t = a;
@@ -285,5 +286,7 @@ mod tests {
         n_keys.extend([101, 102, 103]);
         let t = fa_tiles(&[(0, 70), (70, 73)], &n_keys, 64);
         assert_eq!(t, vec![70, 3, 64, 6, 0, 64]);
+        // A zero tile height is taken as one token per tile, not an endless loop.
+        assert_eq!(fa_tiles(&[(0, 2)], &[1, 2], 0), vec![1, 1, 0, 1]);
     }
 }

@@ -2,7 +2,7 @@
 //! are meaningless; shapes, dtypes and routing are what matter).
 //!
 //!     cargo run --release -p mlaserve-model --example synth_model -- SHAPE OUT.gguf \
-//!         [--layers N] [--tokenizer-from FILE.gguf]
+//!         [--layers N] [--tokenizer-from FILE.gguf] [--type bf16|q8_0|q4_k]
 //!
 //! SHAPE: `glm5` (GLM-5 widths: hidden 6144, 64 heads, q_lora 2048, kv_lora 512, P 192, R 64,
 //! V 256, 256 experts top-8 + 1 shared, moe_intermediate 2048, DSA indexer 32 x 128 top-2048;
@@ -11,7 +11,10 @@
 //! moe_intermediate 1408, vocab 102400). Matrices are bf16 uniform in ±0.03, cut from one
 //! random pool as large as the largest tensor (so memory stays at one tensor); norms are 1,
 //! routers f32 random, correction biases 0. `--tokenizer-from` copies every `tokenizer.*` key
-//! (for `serve`); without it the file has no tokenizer.
+//! (for `serve`); without it the file has no tokenizer. `--type q8_0|q4_k` stores every
+//! projection (attention, MLP, experts, output; not the embedding nor the per-head
+//! attn_k_b / attn_v_b) in that GGUF block type — Q8_0 where a row is not whole Q4_K
+//! super-blocks — as random quants with finite f16 scales giving values of the same size.
 
 use mlaserve_model::gguf::{GgmlType, GgufFile, GgufWriter, Value};
 use std::borrow::Cow;
@@ -112,7 +115,8 @@ fn pool(bytes: usize) -> Vec<u8> {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let usage =
-        "usage: synth_model glm5|v2-lite OUT.gguf [--layers N] [--tokenizer-from FILE.gguf]";
+        "usage: synth_model glm5|v2-lite OUT.gguf [--layers N] [--tokenizer-from FILE.gguf] \
+         [--type bf16|q8_0|q4_k]";
     let flag = |f: &str| {
         args.iter().position(|a| a == f).map(|i| {
             args.get(i + 1)
@@ -124,6 +128,12 @@ fn main() {
         exit(usage);
     }
     let (name, out) = (&args[1], &args[2]);
+    let wtype = match flag("--type").as_deref() {
+        None | Some("bf16") => GgmlType::BF16,
+        Some("q8_0") => GgmlType::Q8_0,
+        Some("q4_k") => GgmlType::Q4_K,
+        Some(t) => exit(&format!("--type {t}: expected bf16, q8_0 or q4_k\n{usage}")),
+    };
     let layers = flag("--layers").map(|v| {
         v.parse::<usize>()
             .ok()
@@ -281,18 +291,40 @@ fn main() {
         t0.elapsed().as_secs_f64()
     );
     let dims = |d: &[usize]| d.iter().rev().map(|&x| x as u64).collect::<Vec<_>>();
+    let pools: Vec<(GgmlType, Vec<u8>)> = match wtype {
+        GgmlType::BF16 => Vec::new(),
+        _ => [GgmlType::Q8_0, GgmlType::Q4_K]
+            .into_iter()
+            .map(|t| (t, quant_pool(t, &rnd)))
+            .collect(),
+    };
     let mut total = 0usize;
     for (i, (name, d)) in mats.iter().enumerate() {
-        let bytes = d.iter().product::<usize>() * 2;
-        let off = (i * 7919 * 2) % (rnd.len() - bytes).max(1) & !1;
-        w.add_tensor(
-            name,
-            GgmlType::BF16,
-            &dims(d),
-            Cow::Borrowed(&rnd[off..off + bytes]),
-        )
-        .unwrap();
-        total += bytes;
+        let n = d.iter().product::<usize>();
+        let k = *d.last().unwrap();
+        let keep_bf16 = wtype == GgmlType::BF16
+            || name == "token_embd.weight"
+            || name.contains("attn_k_b")
+            || name.contains("attn_v_b");
+        let ty = match wtype {
+            _ if keep_bf16 => GgmlType::BF16,
+            GgmlType::Q4_K if k % 256 == 0 => GgmlType::Q4_K,
+            _ => GgmlType::Q8_0,
+        };
+        let (bv, bb) = match ty {
+            GgmlType::BF16 => (1, 2),
+            GgmlType::Q8_0 => (32, 34),
+            _ => (256, 144),
+        };
+        let bytes = n / bv * bb;
+        let src: &[u8] = match ty {
+            GgmlType::BF16 => &rnd,
+            _ => &pools.iter().find(|p| p.0 == ty).unwrap().1,
+        };
+        let off = (i * 7919 * bb) % (src.len() - bytes).max(1) / bb * bb;
+        w.add_tensor(name, ty, &dims(d), Cow::Borrowed(&src[off..off + bytes]))
+            .unwrap();
+        total += n * 2;
     }
     for (name, len, val) in &vecs {
         let data: Vec<u8> = std::iter::repeat_n(val.to_le_bytes(), *len)
@@ -321,4 +353,25 @@ fn main() {
         total as f64 / 2e9,
         t0.elapsed().as_secs_f64()
     );
+}
+
+/// The random pool as blocks of `ty` (whole blocks only), each block's f16 scales set to finite
+/// values that give weights about the size of the bf16 ones (±0.03): Q8_0 d in [1, 2) x 1.2e-4;
+/// Q4_K d in [1, 2) x 3.2e-5 and dmin = 7.5 d (mins centre the 4-bit values).
+fn quant_pool(ty: GgmlType, rnd: &[u8]) -> Vec<u8> {
+    let bb = if ty == GgmlType::Q8_0 { 34 } else { 144 };
+    let mut p = rnd[..rnd.len() / bb * bb].to_vec();
+    for blk in p.chunks_exact_mut(bb) {
+        let r = 1.0 + blk[2] as f32 / 256.0;
+        let (d, dmin) = if ty == GgmlType::Q8_0 {
+            (r * 1.2e-4, None)
+        } else {
+            (r * 3.2e-5, Some(r * 2.4e-4))
+        };
+        blk[..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        if let Some(m) = dmin {
+            blk[2..4].copy_from_slice(&half::f16::from_f32(m).to_le_bytes());
+        }
+    }
+    p
 }

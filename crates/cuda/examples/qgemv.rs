@@ -1,17 +1,25 @@
-//! Kernel lab: quantized GEMV over raw GGUF blocks (Q8_0, Q4_K; `kernels/qgemv.cu`) against a
-//! bf16 GEMV of the same shape through cuBLAS (`Gemm::plain`, m = M) and the in-house bf16
-//! warp GEMV (`moe_gemv` on one expert, M = 1), at a DeepSeek-V2-Lite MLP (gate_up 21888 x
-//! 2048, down 2048 x 10944) and a V3 one (18432 x 7168, 7168 x 18432), M = 1, 4, 8.
+//! Kernel lab: products over GGUF weights kept compressed (Q8_0, Q4_K; `kernels/qgemv.cu`)
+//! against the same products over bf16 weights.
 //!
-//! Figure of merit: bytes moved (W as stored + x bf16 + out f32) over time, against the
-//! H200's measured copy ceiling (3,970 GB/s); the target is the quantized kernels within 10%
-//! of the bf16 kernels' bandwidth. Weights are random (valid f16 scales, random quants), and
-//! each launch uses the next of several copies of W (>= 2 GiB together) so L2 (50 MB) cannot
-//! serve them. Timing: CUDA events (`CU_EVENT_DEFAULT`) around batches of back-to-back
-//! launches, median of 15 batches after 3 warm-ups. Before timing, every kernel variant and
-//! K split is checked on fresh x: output poisoned with NaN (any unwritten row fails), 64
-//! sampled rows against the CPU dequantizer times x in f64 (bound 1e-4 relative); a failing
-//! one is reported and not timed. Results: bench/cuda/qgemv.md.
+//! 1. Products with M = 1, 2, 4, 8, 16, 64 rows of x: at M = 1 every int8 GEMV variant (x
+//!    quantized per 32 values in the kernel, dp4a), then at every M the executor's call
+//!    (`qgemm`: the GEMV up to 4 rows, the tensor-core kernel dequantizing tiles in shared
+//!    memory up to 64), against cuBLAS bf16 with m = M (`Gemm::plain`) and, at M = 1, the
+//!    in-house bf16 warp GEMV (`moe_gemv`). Shapes: DeepSeek-V2-Lite's q_proj, o_proj and MLP
+//!    (gate_up 21888 x 2048, down 2048 x 10944) and V3's MLP (18432 x 7168, 7168 x 18432).
+//!    Figure of merit: bytes moved (W as stored + x bf16 + out f32) over time, against the
+//!    H200's measured copy ceiling (3,970 GB/s); the target is the quantized kernels within
+//!    10% of the bf16 kernels' bandwidth.
+//! 2. Grouped expert GEMM (V2-Lite experts: 64 x gate_up [2816, 2048], top-6) at 16, 64 and
+//!    512 tokens, bf16 against the quantized variants (tiles dequantized in shared memory).
+//!
+//! Weights are random (valid f16 scales, random quants), and each launch uses the next of
+//! several copies of W (>= 2 GiB together) so L2 (50 MB) cannot serve them. Timing: CUDA
+//! events (`CU_EVENT_DEFAULT`) around batches of back-to-back launches, median of 15 batches
+//! after 3 warm-ups. Before timing, every GEMV variant is checked on a poisoned output: 64
+//! sampled rows against the CPU dequantizer times the quantized x in f64 (bound 1e-4
+//! relative), and `qgemm` at M > 1 against the exact product (bound 1e-2: bf16 weights or
+//! int8 x); a failing one is reported and not timed. Results: bench/cuda/qgemv.md.
 //!
 //! ```text
 //! cargo run --release -p mlaserve-cuda --example qgemv -- [--json out.json] [--shape i]
@@ -23,7 +31,7 @@ mod common;
 use common::{random_bf16, xorshift_bytes};
 use mlaserve_backend::{Bytes, GgmlType, QMatrix};
 use mlaserve_cuda::ops::{Gemm, GemmType};
-use mlaserve_cuda::qgemv::{QMat, QType, QgemvVariant};
+use mlaserve_cuda::qgemv::{QMat, QType, QmvVariant};
 use mlaserve_cuda::{DBuf, Gpu};
 use rayon::prelude::*;
 
@@ -79,6 +87,20 @@ fn replicate<T>(gpu: &Gpu, src: &DBuf<T>, n: usize) -> Res<Vec<DBuf<T>>> {
     Ok(v)
 }
 
+/// x [m, k] quantized and dequantized again by the kernels' rule (per 32 values:
+/// d = amax / 127, q = round(x / d)): the x the int8 GEMV multiplies by.
+fn quantized_x(x: &[f32]) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    for (blk, o) in x.chunks(32).zip(out.chunks_mut(32)) {
+        let d = blk.iter().fold(0f32, |a, &v| a.max(v.abs())) / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        for (v, o) in blk.iter().zip(o) {
+            *o = (v * id).round() * d;
+        }
+    }
+    out
+}
+
 /// max over `sample` rows of |gpu - ref| / max |ref|, ref = CPU dequantized W times x in f64;
 /// NaN (an unwritten or poisoned output) anywhere in `got` gives NaN.
 fn check(cpu: &QMatrix, x: &[f32], m: usize, got: &[f32], sample: &[usize]) -> f64 {
@@ -109,12 +131,14 @@ fn main() -> Res<()> {
     let json = arg("--json");
     let only_shape: Option<usize> = arg("--shape").and_then(|s| s.parse().ok());
     let shapes = [
-        ("V2-Lite gate_up", 21888usize, 2048usize),
+        ("V2-Lite q_proj", 3072usize, 2048usize),
+        ("V2-Lite o_proj", 2048, 2048),
+        ("V2-Lite gate_up", 21888, 2048),
         ("V2-Lite down", 2048, 10944),
         ("V3 gate/up", 18432, 7168),
         ("V3 down", 7168, 18432),
     ];
-    let ms = [1usize, 4, 8];
+    let ms = [1usize, 2, 4, 8, 16, 64];
     let mut rows_json = Vec::new();
     let mut table = Vec::new();
     for (si, &(name, rows, k)) in shapes.iter().enumerate() {
@@ -122,13 +146,14 @@ fn main() -> Res<()> {
             continue;
         }
         println!("== {name}: [{rows} x {k}]");
-        let x_bits = random_bf16(8 * k, 7 + si as u64);
+        let x_bits = random_bf16(64 * k, 7 + si as u64);
         let x: Vec<f32> = x_bits
             .iter()
             .map(|&b| half::bf16::from_bits(b).to_f32())
             .collect();
         let xd = gpu.upload(&x_bits)?;
-        let out = gpu.alloc_filled::<f32>(8 * rows, 0xff)?;
+        let xq = quantized_x(&x);
+        let out = gpu.alloc_filled::<f32>(64 * rows, 0xff)?;
         // bf16 peer: cuBLAS and the warp GEMV.
         let wb = gpu.upload(&random_bf16(rows * k, 11 + si as u64))?;
         let nb = ROTATE_BYTES.div_ceil(wb.bytes()).clamp(2, 64);
@@ -138,7 +163,7 @@ fn main() -> Res<()> {
             .iter()
             .map(|w| gpu.upload(&[w.ptr()]))
             .collect::<Result<_, _>>()?;
-        let ids = gpu.upload(&[0i32; 8])?;
+        let ids = gpu.upload(&[0i32; 64])?;
         let mut bf16_gbs = std::collections::HashMap::new();
         for &m in &ms {
             let bytes = (rows * k * 2 + m * k * 2 + m * rows * 4) as f64;
@@ -207,37 +232,41 @@ fn main() -> Res<()> {
             let nq = ROTATE_BYTES.div_ceil(q0.w.bytes()).clamp(2, 64);
             let qs: Vec<QMat> = replicate(&gpu, &q0.w, nq)?
                 .into_iter()
-                .map(|w| QMat {
-                    ty,
-                    rows,
-                    cols: k,
-                    w,
+                .map(|w| {
+                    let ptr = gpu.upload(&[w.ptr()])?;
+                    Ok(QMat {
+                        ty,
+                        rows,
+                        cols: k,
+                        w,
+                        ptr,
+                    })
                 })
-                .collect();
+                .collect::<Res<_>>()?;
             let sample: Vec<usize> = (0..64).map(|i| (i * 7919 + 3) % rows).collect();
             for &m in &ms {
                 let bytes = (cpu.data().len() + m * k * 2 + m * rows * 4) as f64;
                 let mut best: Option<(f64, String)> = None;
-                let mut variants: Vec<(QgemvVariant, usize, bool)> = Vec::new();
-                let dflt = QgemvVariant::for_m(m).ok_or("no default kernel")?;
-                let dks = dflt.default_ksplit(ty, rows, k);
-                for v in QgemvVariant::ALL.iter().copied().filter(|v| v.mt >= m) {
-                    for ks in [1usize, 2, 4, 8] {
-                        variants.push((v, ks, v == dflt && ks == dks));
-                    }
-                }
-                for (v, ks, is_default) in variants {
+                // M = 1: every int8 GEMV variant on a quantized x.
+                for v in QmvVariant::ALL
+                    .iter()
+                    .copied()
+                    .filter(|v| m == 1 && v.mt == 1)
+                {
+                    let is_default = Some(v) == QmvVariant::for_m(1, rows);
                     let label = format!(
-                        "m{}r{} ks{ks}{}",
-                        v.mt,
+                        "qmv r{}m{}{}",
                         v.r,
+                        v.mt,
                         if is_default { " (default)" } else { "" }
                     );
                     // Check on copy 0 with a poisoned output.
                     gpu.sync()?;
-                    let o = gpu.alloc_filled::<f32>(m * rows, 0xff)?;
-                    gpu.qgemv_variant(&qs[0], m, xd.ptr(), o.ptr(), false, v, ks, None)?;
-                    let err = check(&cpu, &x, m, &gpu.to_host(&o)?, &sample);
+                    let o = gpu.alloc_filled::<f32>(rows, 0xff)?;
+                    gpu.qmv_variant(&qs[0], xd.ptr(), 0, 1, o.ptr(), false, v, None)?;
+                    let got = gpu.to_host(&o)?;
+                    let err = check(&cpu, &xq, 1, &got, &sample);
+                    let err_x = check(&cpu, &x, 1, &got, &sample);
                     if err.is_nan() || err > 1e-4 {
                         println!("M{m} {ty:?} {label}: error {err:.3e} past 1e-4; not timed");
                         rows_json.push(serde_json::json!({"shape": name, "rows": rows, "k": k, "m": m, "kernel": format!("{ty:?} {label}"), "rel_err": err, "failed": true}));
@@ -246,16 +275,7 @@ fn main() -> Res<()> {
                     let us = time(
                         &gpu,
                         &|i| {
-                            gpu.qgemv_variant(
-                                &qs[i % nq],
-                                m,
-                                xd.ptr(),
-                                out.ptr(),
-                                false,
-                                v,
-                                ks,
-                                None,
-                            )
+                            gpu.qmv_variant(&qs[i % nq], xd.ptr(), 0, 1, out.ptr(), false, v, None)
                         },
                         15,
                         nq.max(16),
@@ -263,17 +283,11 @@ fn main() -> Res<()> {
                     let gbs = bytes / us * 1e-3;
                     let ratio = gbs / bf16_gbs[&m];
                     println!(
-                        "M{m} {ty:?} {label:<22} {us:8.1} µs {gbs:6.0} GB/s ({:4.1}% of copy, {:5.3} x bf16 cuBLAS) err {err:.1e}",
+                        "M{m} {ty:?} {label:<16} {us:8.1} µs {gbs:6.0} GB/s ({:4.1}% of copy, {:5.3} x bf16 cuBLAS) err {err:.1e} (vs bf16 x {err_x:.1e})",
                         100.0 * gbs / COPY_GBS,
                         ratio
                     );
-                    rows_json.push(serde_json::json!({"shape": name, "rows": rows, "k": k, "m": m, "kernel": format!("{ty:?} {label}"), "variant": format!("m{}r{}", v.mt, v.r), "ksplit": ks, "default": is_default, "us_median": us, "gb_s": gbs, "bytes": bytes, "rel_err": err, "vs_bf16_cublas": ratio}));
-                    if is_default {
-                        table.push(format!(
-                            "| {name} | {rows} x {k} | {m} | {ty:?} | default {label} | {us:.1} | {gbs:.0} | {:.0} | {ratio:.3} |",
-                            bf16_gbs[&m]
-                        ));
-                    }
+                    rows_json.push(serde_json::json!({"shape": name, "rows": rows, "k": k, "m": m, "kernel": format!("{ty:?} {label}"), "variant": format!("r{}", v.r), "default": is_default, "us_median": us, "gb_s": gbs, "bytes": bytes, "rel_err": err, "rel_err_vs_bf16_x": err_x, "vs_bf16_cublas": ratio}));
                     if best.as_ref().is_none_or(|b| us < b.0) {
                         best = Some((us, label));
                     }
@@ -286,6 +300,41 @@ fn main() -> Res<()> {
                         gbs / bf16_gbs[&m]
                     ));
                 }
+                // M > 1 (the tensor-core kernel): check against the exact product.
+                if m > 1 {
+                    gpu.sync()?;
+                    let o = gpu.alloc_filled::<f32>(m * rows, 0xff)?;
+                    gpu.qgemm(&qs[0], m, xd.ptr(), o.ptr(), false)?;
+                    let err = check(&cpu, &x, m, &gpu.to_host(&o)?, &sample);
+                    println!("M{m} {ty:?} qgemm error {err:.2e} against the exact product (bf16 weights: bound 1e-2)");
+                    if err.is_nan() || err > 1e-2 {
+                        rows_json.push(serde_json::json!({"shape": name, "rows": rows, "k": k, "m": m, "kernel": format!("{ty:?} qgemm"), "rel_err": err, "failed": true}));
+                        continue;
+                    }
+                }
+                // The executor's call: M = 1 quantize x + GEMV; M > 1 the tensor-core kernel.
+                let us = time(
+                    &gpu,
+                    &|i| {
+                        // Inside a step, as the executor runs it (scratch from the arena).
+                        gpu.begin_step();
+                        let r = gpu.qgemm(&qs[i % nq], m, xd.ptr(), out.ptr(), false);
+                        gpu.end_step();
+                        r
+                    },
+                    15,
+                    nq.max(16),
+                )?;
+                let gbs = bytes / us * 1e-3;
+                let ratio = gbs / bf16_gbs[&m];
+                println!(
+                    "M{m} {ty:?} qgemm {us:8.1} µs {gbs:6.0} GB/s ({ratio:5.3} x bf16 cuBLAS)"
+                );
+                rows_json.push(serde_json::json!({"shape": name, "rows": rows, "k": k, "m": m, "kernel": format!("{ty:?} qgemm"), "us_median": us, "gb_s": gbs, "bytes": bytes, "vs_bf16_cublas": ratio}));
+                table.push(format!(
+                    "| {name} | {rows} x {k} | {m} | {ty:?} | qgemm | {us:.1} | {gbs:.0} | {:.0} | {ratio:.3} |",
+                    bf16_gbs[&m]
+                ));
             }
             // The dequantize kernel: blocks in, bf16 out.
             let dq = gpu.alloc::<u16>(rows * k)?;
@@ -304,6 +353,9 @@ fn main() -> Res<()> {
             ));
         }
     }
+    if only_shape.is_none() {
+        grouped(&gpu, &mut rows_json, &mut table)?;
+    }
     println!();
     println!("| shape | rows x K | M | type | kernel | µs | GB/s | bf16 cuBLAS GB/s | ratio |");
     println!("| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: |");
@@ -313,6 +365,111 @@ fn main() -> Res<()> {
     if let Some(p) = json {
         let doc = serde_json::json!({"gpu": gpu.name, "arch": gpu.arch, "copy_ceiling_gb_s": COPY_GBS, "bytes": "W as stored + x bf16 [M, K] + out f32 [M, rows]", "rows": rows_json});
         std::fs::write(p, serde_json::to_string_pretty(&doc)?)?;
+    }
+    Ok(())
+}
+
+/// Section 2: the grouped expert GEMM over 64 V2-Lite experts (gate_up [2816, 2048]), top-6
+/// routing of 16, 64 and 512 tokens, bf16 weights against Q8_0 and Q4_K. GB/s counts the
+/// weights of the experts hit once (as stored) + x + out.
+fn grouped(gpu: &Gpu, rows_json: &mut Vec<serde_json::Value>, table: &mut Vec<String>) -> Res<()> {
+    let (experts, n, k, top) = (64usize, 2816usize, 2048usize, 6usize);
+    if !gpu.has_flash_attn() {
+        return Ok(());
+    }
+    // Weight sets: copies of all 64 experts, rotated so L2 cannot serve them.
+    // (weights, bytes per expert, pointer table per copy, the copies' buffers)
+    type Set = (Option<QType>, usize, Vec<DBuf<u64>>, Vec<Vec<DBuf<u8>>>);
+    let mut sets: Vec<Set> = Vec::new();
+    for wty in [None, Some(QType::Q8_0), Some(QType::Q4K)] {
+        let per = wty.map_or(n * k * 2, |t| n * t.row_bytes(k));
+        let copies = ROTATE_BYTES.div_ceil(per * experts).clamp(2, 8);
+        let mut bufs = Vec::new();
+        let mut ptrs = Vec::new();
+        for c in 0..copies {
+            let mut set = Vec::new();
+            for e in 0..experts {
+                let seed = 1000 + (c * experts + e) as u64;
+                let b = match wty {
+                    None => {
+                        let v = random_bf16(n * k, seed);
+                        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                        gpu.upload(&bytes)?
+                    }
+                    Some(t) => gpu.upload_qmat(t, n, k, &random_blocks(t, n, k, seed))?.w,
+                };
+                set.push(b);
+            }
+            ptrs.push(gpu.upload(&set.iter().map(|b| b.ptr()).collect::<Vec<_>>())?);
+            bufs.push(set);
+        }
+        sets.push((wty, per, ptrs, bufs));
+    }
+    for tokens in [16usize, 64, 512] {
+        let pairs = tokens * top;
+        let mut ids = Vec::with_capacity(pairs);
+        for t in 0..tokens {
+            // top-6 distinct experts per token, pseudo-random
+            let mut picked = Vec::new();
+            let mut s = (t as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            while picked.len() < top {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                let e = (s % experts as u64) as i32;
+                if !picked.contains(&e) {
+                    picked.push(e);
+                }
+            }
+            ids.extend(picked);
+        }
+        let hit = {
+            let mut h = ids.clone();
+            h.sort();
+            h.dedup();
+            h.len()
+        };
+        let idd = gpu.upload(&ids)?;
+        let sorted = gpu.moe_sort(pairs, idd.ptr(), 0, experts)?;
+        let x = gpu.upload(&random_bf16(tokens * k, 77))?;
+        let out = gpu.alloc::<f32>(pairs * n)?;
+        let mut bf16_us = 0.0;
+        for (wty, per, ptrs, _) in &sets {
+            let nc = ptrs.len();
+            let us = time(
+                gpu,
+                &|i| {
+                    gpu.moe_gemm(
+                        &sorted,
+                        *wty,
+                        ptrs[i % nc].ptr(),
+                        x.ptr(),
+                        top,
+                        true,
+                        n,
+                        k,
+                        out.ptr(),
+                    )
+                },
+                15,
+                nc.max(16),
+            )?;
+            if wty.is_none() {
+                bf16_us = us;
+            }
+            let bytes = (hit * per + tokens * k * 2 + pairs * n * 4) as f64;
+            let gbs = bytes / us * 1e-3;
+            let label = wty.map_or("bf16".to_string(), |t| format!("{t:?}"));
+            println!(
+                "grouped {tokens:>3} tokens ({hit} experts hit) {label:<5} {us:8.1} µs {gbs:6.0} GB/s ({:.2}x the bf16 time)",
+                us / bf16_us
+            );
+            rows_json.push(serde_json::json!({"section": "grouped", "tokens": tokens, "pairs": pairs, "experts_hit": hit, "n": n, "k": k, "weights": label, "us_median": us, "gb_s": gbs, "bytes": bytes, "time_vs_bf16": us / bf16_us}));
+            table.push(format!(
+                "| grouped 64 x [{n} x {k}] | {hit} experts hit | {tokens} tok | {label} | moe_gemm | {us:.1} | {gbs:.0} | - | {:.2}x time |",
+                us / bf16_us
+            ));
+        }
     }
     Ok(())
 }

@@ -65,43 +65,187 @@ extern "C" __global__ void moe_sort(const int* ids, int pairs, int first, int he
 }
 
 #ifdef MLA_TC
+__device__ __forceinline__ void moe_cp4(unsigned dst, const void* src, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
+                 : "memory");
+}
+
+// Raw bytes of one weight row's 64-value slice in a quantized stage (a multiple of 16: rows
+// take 16-byte copies and loads): Q8_0 64 quants + the two aligned 4-byte words holding its
+// two f16 scales; Q4_K the super-block header (16) + the 32 bytes of nibbles of the slice's
+// two sub-blocks.
+#define MOE_RAW_Q8 80  // 72 used, rounded to 16 (aligned rows)
+#define MOE_RAW_Q4 48
+
+template <int TY>
+__device__ __forceinline__ constexpr int moe_raw_bytes() {
+    return TY == QT_Q8_0 ? MOE_RAW_Q8 : MOE_RAW_Q4;
+}
+
+// cp.async of the raw slice (n0 + row, k0 .. k0 + 64) of a quantized matrix [n, k] into `dst`
+// (shared); rows past n and Q8_0 chunks past k are zero-filled.
+template <int TY>
+__device__ __forceinline__ void moe_raw_load(unsigned dst, const unsigned char* w, int n, int k,
+                                             int row, int k0) {
+    const bool ok = row < n;
+    const int r = ok ? row : 0;
+    if constexpr (TY == QT_Q8_0) {
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const bool in = ok && k0 + 16 * c < k;
+            mla_cp16(dst + 16 * c, w + (in ? (i64)r * k + k0 + 16 * c : 0), in ? 16 : 0);
+        }
+        // Scales of blocks k0/32, k0/32 + 1: from the 4-byte word at or below them.
+        const i64 a = (i64)n * k + ((i64)r * (k >> 5) + (k0 >> 5)) * 2;
+        const i64 a4 = a & ~3ll;
+        moe_cp4(dst + 64, w + a4, ok ? 4 : 0);
+        moe_cp4(dst + 68, w + a4 + 4, ok ? 4 : 0);
+    } else {
+        const unsigned char* blk = w + (ok ? (i64)r * ((k >> 8) * 144) + (i64)(k0 >> 8) * 144 : 0);
+        const int h = (k0 & 255) >> 6;
+        mla_cp16(dst, blk, ok ? 16 : 0);
+        mla_cp16(dst + 16, blk + 16 + 32 * h, ok ? 16 : 0);
+        mla_cp16(dst + 32, blk + 32 + 32 * h, ok ? 16 : 0);
+    }
+}
+
+// Two f32 -> bf16x2 (lo in the low half), rounded to nearest even: one cvt on sm_80+ (the
+// values are finite dequantized weights; f2bf's NaN handling is not needed).
+__device__ __forceinline__ unsigned bf16x2_rn(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// Dequantizes a raw stage (`raw`, rows of moe_raw_bytes) into the bf16 tile `b` ([128][ROW]),
+// f32 values rounded to bf16 as the host's upload does: the products then equal the bf16
+// path's bit for bit. Q8_0: thread t does 16 values of rows t/4 + 32j; Q4_K: 32 values
+// (16 low and 16 high nibbles) of rows t/2 + 64j. Columns past k become zeros.
+template <int TY>
+__device__ __forceinline__ void moe_dequant_stage(const unsigned char* raw, bf16* b, int n0,
+                                                  int k, int k0) {
+    const int tid = threadIdx.x;
+    if constexpr (TY == QT_Q8_0) {
+        const int c = tid & 3;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int rr = (tid >> 2) + 32 * j;
+            const unsigned char* row = raw + rr * MOE_RAW_Q8;
+            uint4* dst = (uint4*)(b + rr * MOE_ROW + 16 * c);
+            if (k0 + 16 * c >= k) {
+                dst[0] = dst[1] = make_uint4(0u, 0u, 0u, 0u);
+                continue;
+            }
+            // The scale's byte offset in the two words: 2 when the row's first scale is not
+            // 4-byte aligned (odd row with an odd number of blocks per row).
+            const int mis = (int)((((i64)(n0 + rr) * (k >> 5)) & 1) * 2);
+            const float d = h2f(*(const unsigned short*)(row + 64 + mis + 2 * (c >> 1)));
+            const uint4 q = *(const uint4*)(row + 16 * c);
+            const unsigned qq[4] = {q.x, q.y, q.z, q.w};
+            unsigned o[8];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                float f[4];
+                i8x4(qq[u], f);
+                o[2 * u] = bf16x2_rn(f[0] * d, f[1] * d);
+                o[2 * u + 1] = bf16x2_rn(f[2] * d, f[3] * d);
+            }
+            dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+            dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+        }
+    } else {
+        const int h = (k0 & 255) >> 6, half = tid & 1;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int rr = (tid >> 1) + 64 * j;
+            const unsigned char* row = raw + rr * MOE_RAW_Q4;
+            const uint4 hd = *(const uint4*)row;
+            const uint4 qv = *(const uint4*)(row + 16 + 16 * half);
+            const float d = h2f((unsigned short)(hd.x & 0xffffu));
+            const float dm = h2f((unsigned short)(hd.x >> 16));
+            float sc, mn;
+            q4k_scale_min(hd, 2 * h, sc, mn);
+            const float d1 = d * sc, m1 = dm * mn;
+            q4k_scale_min(hd, 2 * h + 1, sc, mn);
+            const float d2 = d * sc, m2 = dm * mn;
+            const unsigned q[4] = {qv.x, qv.y, qv.z, qv.w};
+            unsigned lo[8], hi[8];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                float a[4], c[4];
+                u4x4(q[u] & 0x0f0f0f0fu, a);
+                u4x4((q[u] >> 4) & 0x0f0f0f0fu, c);
+#pragma unroll
+                for (int v = 0; v < 2; v++) {
+                    lo[2 * u + v] =
+                        bf16x2_rn(fmaf(d1, a[2 * v], -m1), fmaf(d1, a[2 * v + 1], -m1));
+                    hi[2 * u + v] =
+                        bf16x2_rn(fmaf(d2, c[2 * v], -m2), fmaf(d2, c[2 * v + 1], -m2));
+                }
+            }
+            bf16* o = b + rr * MOE_ROW + 16 * half;
+            uint4* ol = (uint4*)o;
+            uint4* oh = (uint4*)(o + 32);
+            ol[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+            ol[1] = make_uint4(lo[4], lo[5], lo[6], lo[7]);
+            oh[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+            oh[1] = make_uint4(hi[4], hi[5], hi[6], hi[7]);
+        }
+    }
+}
+
 // Grouped expert GEMM: for every held expert e and sorted row r of e,
 // out[r, :n] = W_e[:n, :k] . x[src(r), :k] with src(r) = order[r] / x_div when `gather`, else r.
-// W_e bf16 [n, k] row-major at w_ptrs[e] (0: zeros), x bf16 [*, k], out f32 [*, n];
-// k % 8 == 0. A block is one m-tile of BM = 16 * MT rows of one expert x 128 output
+// W_e [n, k] at w_ptrs[e] (0: zeros): bf16 row-major (TY 0), or quantized (TY = QT_Q8_0 /
+// QT_Q4_K, qgemv.cu's layouts; k % 32 / % 256 == 0), whose raw slices go through the same
+// cp.async ring and are dequantized into one bf16 tile per step; x bf16 [*, k], out f32
+// [*, n]; k % 8 == 0. A block is one m-tile of BM = 16 * MT rows of one expert x 128 output
 // features; warp w owns features 32w..32w+31 of all BM rows (MT mma m-tiles), so the weight
 // tile in shared memory serves BM rows. grid (ceil(n / 128), max m-tiles), block 128, dynamic
-// shared memory MOE_STAGES * (BM + 128) * MOE_ROW * 2 bytes.
-template <int MT>
+// shared memory moe_gemm_smem (moe_grouped.rs: gemm_smem).
+//
+// Dense mode (offsets == null): one matrix at w_ptrs[0], rows 0 .. dense_m of x, m-tile
+// blockIdx.y; `accumulate` adds to out (the executor's products of 2 .. 64 rows).
+template <int MT, int TY>
 __device__ __forceinline__ void moe_gemm_t(const unsigned long long* w_ptrs, const int* order,
                                            const bf16* x, int x_div, int gather,
                                            const int* offsets, const int* tile_off, int held,
-                                           int n, int k, float* out) {
+                                           int n, int k, float* out, int dense_m,
+                                           int accumulate) {
     constexpr int MOE_BM = 16 * MT;
     extern __shared__ __align__(16) unsigned char moe_smem[];
-    bf16* as = (bf16*)moe_smem;                                // [STAGES][16][ROW]
-    bf16* bs = as + MOE_STAGES * MOE_BM * MOE_ROW;              // [STAGES][128][ROW]
+    bf16* as = (bf16*)moe_smem;                      // [STAGES][BM][ROW]
+    bf16* bs = as + MOE_STAGES * MOE_BM * MOE_ROW;   // TY 0: [STAGES][128][ROW]; else [128][ROW]
+    unsigned char* raw = (unsigned char*)(bs + (TY == 0 ? MOE_STAGES : 1) * MOE_BN * MOE_ROW);
     __shared__ int src[MOE_BM];
     const int j = blockIdx.y;
-    if (j >= tile_off[held]) return;
-    // The expert owning m-tile j: the last e with tile_off[e] <= j (binary search).
-    int lo = 0, hi = held - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) >> 1;
-        if (tile_off[mid] <= j) lo = mid;
-        else hi = mid - 1;
+    int e = 0, m0, rows;
+    if (offsets == nullptr) {
+        m0 = j * MOE_BM;
+        if (m0 >= dense_m) return;
+        rows = min(MOE_BM, dense_m - m0);
+    } else {
+        if (j >= tile_off[held]) return;
+        // The expert owning m-tile j: the last e with tile_off[e] <= j (binary search).
+        int lo = 0, hi = held - 1;
+        while (lo < hi) {
+            int mid = (lo + hi + 1) >> 1;
+            if (tile_off[mid] <= j) lo = mid;
+            else hi = mid - 1;
+        }
+        e = lo;
+        m0 = offsets[e] + (j - tile_off[e]) * MOE_BM;
+        rows = min(MOE_BM, offsets[e + 1] - m0);
     }
-    const int e = lo;
-    const int m0 = offsets[e] + (j - tile_off[e]) * MOE_BM;
-    const int rows = min(MOE_BM, offsets[e + 1] - m0);
     const int n0 = blockIdx.x * MOE_BN;
-    const bf16* w = (const bf16*)w_ptrs[e];
+    const unsigned char* wq = (const unsigned char*)w_ptrs[e];
+    const bf16* w = (const bf16*)wq;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, q4 = lane & 3;
     if (w == nullptr) {
         for (int i = threadIdx.x; i < rows * MOE_BN; i += 128) {
             int r = i / MOE_BN, c = n0 + i % MOE_BN;
-            if (c < n) out[(i64)(m0 + r) * n + c] = 0.f;
+            if (c < n && !accumulate) out[(i64)(m0 + r) * n + c] = 0.f;
         }
         return;
     }
@@ -109,13 +253,23 @@ __device__ __forceinline__ void moe_gemm_t(const unsigned long long* w_ptrs, con
         src[threadIdx.x] =
             threadIdx.x < rows ? (gather ? order[m0 + threadIdx.x] / x_div : m0 + threadIdx.x) : 0;
     __syncthreads();
-    const int kt = (k + MOE_BK - 1) / MOE_BK;
+    // K steps of this block: all, or (dense mode, gridDim.z > 1) split z of gridDim.z, whose
+    // partial sums go to out + z * dense_m * n for qgemm_reduce.
+    int kb = 0, kt = (k + MOE_BK - 1) / MOE_BK;
+    if (gridDim.z > 1) {
+        const int all = kt;
+        kb = (int)((i64)all * blockIdx.z / gridDim.z);
+        kt = (int)((i64)all * (blockIdx.z + 1) / gridDim.z) - kb;
+        out += (i64)blockIdx.z * dense_m * n;
+        accumulate = 0;
+    }
+    constexpr int RAW = TY == 0 ? 0 : moe_raw_bytes<TY>();
     auto load = [&](int stage, int kk) {
-        int k0 = kk * MOE_BK;
+        int k0 = (kb + kk) * MOE_BK;
         bf16* a = as + stage * MOE_BM * MOE_ROW;
         bf16* b = bs + stage * MOE_BN * MOE_ROW;
-        // A: 16 rows x 8 chunks; B: 128 rows x 8 chunks of 16 bytes.
-        for (int i = threadIdx.x; i < (MOE_BM + MOE_BN) * 8; i += 128) {
+        // A: BM rows x 8 chunks; B (bf16): 128 rows x 8 chunks of 16 bytes.
+        for (int i = threadIdx.x; i < (MOE_BM + (TY == 0 ? MOE_BN : 0)) * 8; i += 128) {
             int r = i >> 3, c = (i & 7) * 8;
             bool kin = k0 + c < k;
             if (r < MOE_BM) {
@@ -129,6 +283,9 @@ __device__ __forceinline__ void moe_gemm_t(const unsigned long long* w_ptrs, con
                 mla_cp16(mla_smem(b + rr * MOE_ROW + c), s, ok ? 16 : 0);
             }
         }
+        if constexpr (TY != 0)  // B (quantized): thread t's raw row slice
+            moe_raw_load<TY>(mla_smem(raw + (stage * MOE_BN + threadIdx.x) * RAW), wq, n, k,
+                             n0 + threadIdx.x, k0);
     };
 #pragma unroll
     for (int s = 0; s < MOE_STAGES - 1; s++) {
@@ -150,8 +307,14 @@ __device__ __forceinline__ void moe_gemm_t(const unsigned long long* w_ptrs, con
         if (nk < kt) load(nk % MOE_STAGES, nk);
         mla_commit();
         const int st = kk % MOE_STAGES;
+        if constexpr (TY != 0) {
+            // Every warp is past the previous step's mma (the barrier above): the tile is free.
+            moe_dequant_stage<TY>(raw + st * MOE_BN * RAW, bs, n0, k, (kb + kk) * MOE_BK);
+            __syncthreads();
+        }
         const unsigned abase = mla_smem(as + st * MOE_BM * MOE_ROW + a_row * MOE_ROW + a_col);
-        const unsigned bbase = mla_smem(bs + st * MOE_BN * MOE_ROW + b_row * MOE_ROW + b_col);
+        const unsigned bbase = mla_smem(bs + (TY == 0 ? st : 0) * MOE_BN * MOE_ROW +
+                                        b_row * MOE_ROW + b_col);
 #pragma unroll
         for (int k16 = 0; k16 < MOE_BK / 16; k16++) {
             unsigned b0[4], b1[4];
@@ -174,38 +337,62 @@ __device__ __forceinline__ void moe_gemm_t(const unsigned long long* w_ptrs, con
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             int c = n0 + warp * 32 + i * 8 + 2 * q4, r0 = m * 16 + g, r1 = r0 + 8;
-            if (r0 < rows) {
-                float* o = out + (i64)(m0 + r0) * n;
-                if (c < n) o[c] = acc[m][i][0];
-                if (c + 1 < n) o[c + 1] = acc[m][i][1];
-            }
-            if (r1 < rows) {
-                float* o = out + (i64)(m0 + r1) * n;
-                if (c < n) o[c] = acc[m][i][2];
-                if (c + 1 < n) o[c + 1] = acc[m][i][3];
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int r = hh ? r1 : r0;
+                if (r < rows) {
+                    float* o = out + (i64)(m0 + r) * n;
+                    if (c < n) o[c] = accumulate ? o[c] + acc[m][i][2 * hh] : acc[m][i][2 * hh];
+                    if (c + 1 < n)
+                        o[c + 1] = accumulate ? o[c + 1] + acc[m][i][2 * hh + 1]
+                                              : acc[m][i][2 * hh + 1];
+                }
             }
         }
 }
 
-#define MOE_GEMM_ENTRY(NAME, MT)                                                               \
+#define MOE_GEMM_ENTRY(NAME, MT, TY)                                                           \
     extern "C" __global__ void __launch_bounds__(128)                                          \
         NAME(const unsigned long long* w_ptrs, const int* order, const bf16* x, int x_div,    \
              int gather, const int* offsets, const int* tile_off, int held, int n, int k,     \
-             float* out) {                                                                     \
-        moe_gemm_t<MT>(w_ptrs, order, x, x_div, gather, offsets, tile_off, held, n, k, out); \
+             float* out, int dense_m, int accumulate) {                                        \
+        moe_gemm_t<MT, TY>(w_ptrs, order, x, x_div, gather, offsets, tile_off, held, n, k,    \
+                           out, dense_m, accumulate);                                          \
     }
-MOE_GEMM_ENTRY(moe_gemm, 1)
-MOE_GEMM_ENTRY(moe_gemm_m4, 4)
+MOE_GEMM_ENTRY(moe_gemm, 1, 0)
+MOE_GEMM_ENTRY(moe_gemm_m4, 4, 0)
+MOE_GEMM_ENTRY(moe_gemm_q8_0, 1, QT_Q8_0)
+MOE_GEMM_ENTRY(moe_gemm_q8_0_m4, 4, QT_Q8_0)
+MOE_GEMM_ENTRY(moe_gemm_q4_k, 1, QT_Q4_K)
+MOE_GEMM_ENTRY(moe_gemm_q4_k_m4, 4, QT_Q4_K)
+
+// out[i] (+)= sum over z < splits of part[z * mn + i], z in order (deterministic).
+extern "C" __global__ void qgemm_reduce(const float* part, int splits, i64 mn, int accumulate,
+                                        float* out) {
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < mn;
+         i += (i64)gridDim.x * blockDim.x) {
+        float v = 0.f;
+        for (int z = 0; z < splits; z++) v += part[z * mn + i];
+        out[i] = accumulate ? out[i] + v : v;
+    }
+}
 
 #else
-extern "C" __global__ void moe_gemm(const unsigned long long* w_ptrs, const int* order,
-                                    const bf16* x, int x_div, int gather, const int* offsets,
-                                    const int* tile_off, int held, int n, int k, float* out) {
+extern "C" __global__ void qgemm_reduce(const float* part, int splits, i64 mn, int accumulate,
+                                        float* out) {
     __trap();
 }
-extern "C" __global__ void moe_gemm_m4(const unsigned long long* w_ptrs, const int* order,
-                                       const bf16* x, int x_div, int gather, const int* offsets,
-                                       const int* tile_off, int held, int n, int k, float* out) {
-    __trap();
-}
+#define MOE_GEMM_TRAP(NAME)                                                                    \
+    extern "C" __global__ void NAME(const unsigned long long* w_ptrs, const int* order,        \
+                                    const bf16* x, int x_div, int gather, const int* offsets,  \
+                                    const int* tile_off, int held, int n, int k, float* out,   \
+                                    int dense_m, int accumulate) {                             \
+        __trap();                                                                              \
+    }
+MOE_GEMM_TRAP(moe_gemm)
+MOE_GEMM_TRAP(moe_gemm_m4)
+MOE_GEMM_TRAP(moe_gemm_q8_0)
+MOE_GEMM_TRAP(moe_gemm_q8_0_m4)
+MOE_GEMM_TRAP(moe_gemm_q4_k)
+MOE_GEMM_TRAP(moe_gemm_q4_k_m4)
 #endif

@@ -1,29 +1,24 @@
-// Quantized GEMV over raw GGUF blocks: out[m, r] (+)= sum_k W[r, k] * x[m, k] for W stored in
-// the exact ggml layouts, x bf16 [M, K] (M <= MT, a template bound), f32 accumulation.
+// GGUF weights kept compressed on the GPU (Q8_0, Q4_K), and matrix-vector products over them
+// with int8 dot products (dp4a), the scheme of llama.cpp's MMVQ:
 //
-// - Q8_0 block (34 bytes): f16 d, 32 x int8 q; w = q * d.
-// - Q4_K super-block (144 bytes, 256 values): f16 d, f16 dmin, 12 bytes of 6-bit scales and
-//   mins (get_scale_min_k4), 128 bytes of nibbles: byte 32h + l holds element 64h + l (low
-//   nibble) and 64h + 32 + l (high nibble); w = d*sc_j * q - dmin*m_j, sub-block j = e / 32.
-// Dequantized values are exactly the CPU dequantizer's (all products are exact in f32 and the
-// one subtraction rounds once either way), so the GEMV differs from the CPU reference only
-// by f32 summation order.
+// - x (bf16 [M, K]) is quantized per 32 values (q8_block, in each GEMV block's shared
+//   memory; q8_quantize_x for tests and other users): d = amax / 127,
+//   q = round(x / d) (ggml's quantize_row_q8_0 rule: q = roundf(x * (1 / d))), with d and
+//   s = d * sum(q) kept in f32. The CPU executor quantizes activations the same way for
+//   quantized weights, so the GEMV's only difference from the exact product of the stored
+//   weights and the quantized x is f32 summation order.
+// - Q8_0 (32 values: f16 d + 32 int8) is stored repacked for aligned 16-byte loads: the int8
+//   quants as a [rows, K] matrix, then the f16 scales as a [rows, K / 32] matrix (offset
+//   rows * K); the same 34 bytes per 32 values as ggml's blocks. w = q * d.
+// - Q4_K (256 values in 144 bytes, rows 16-byte aligned) stays in ggml's layout: f16 d,
+//   f16 dmin, 12 bytes of 6-bit scales/mins (get_scale_min_k4), 128 bytes of nibbles; byte
+//   32h + l holds element 64h + l (low nibble) and 64h + 32 + l (high nibble);
+//   w = d*sc_j * q - dmin*m_j for sub-block j = e / 32.
 //
-// Launch: block 256 (8 warps). A CTA item covers 8 / ksplit row groups of R rows; the ksplit
-// warps of a group split the row's K range (chunk by chunk) and their partial sums are added
-// in a fixed order through shared memory, so results are deterministic. The grid is
-// persistent and each warp prefetches its next step's weights (see the work order below).
-// Ints stay int-exact: a byte q becomes float by byte-permuting it under the exponent of 2^23
-// and subtracting 2^23 (no int-to-float conversion instruction, which runs at 1/8 rate).
+// Per 32 weights a lane does ~8 dp4a and a few float ops (vs ~5 float instructions per weight
+// with f32 arithmetic, which bound the previous version at 0.4-0.7x of bf16 bandwidth).
 //
-// Q8_0 rows start wherever 34-byte blocks put them (2-byte aligned), so each warp stages a
-// chunk of 32 blocks per row through shared memory with aligned 16-byte loads (from the row
-// start rounded down to 16; the weight buffer must be padded to a multiple of 16 bytes).
-// Q4_K rows are 144-byte multiples (16-byte aligned): lanes read header and quants straight
-// from global memory, 8 lanes per super-block, one 16-byte load of quants each.
-
-#define QG_WARPS 8
-#define Q8_STAGE 70  // uint4 per staged Q8_0 row chunk: (15 + 32*34 + 12) / 16 rounded up
+// Every kernel is deterministic: a warp owns its rows and sums its lanes in a fixed order.
 
 __device__ __forceinline__ float h2f(unsigned short h) {
     float f;
@@ -47,16 +42,6 @@ __device__ __forceinline__ void i8x4(unsigned w, float* f) {
 __device__ __forceinline__ void u4x4(unsigned w, float* f) {
 #pragma unroll
     for (int i = 0; i < 4; i++) f[i] = byte_f(w, i) - 8388608.f;  // 2^23
-}
-
-// 8 bf16 (a uint4) -> f32.
-__device__ __forceinline__ void bf16x8(uint4 v, float* f) {
-    unsigned u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        f[2 * i] = __uint_as_float(u[i] << 16);
-        f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
-    }
 }
 
 __device__ __forceinline__ uint4 ldg16(const void* p) {
@@ -83,302 +68,318 @@ __device__ __forceinline__ void q4k_scale_min(uint4 hd, int j, float& sc, float&
     mn = (float)m;
 }
 
-// Sums each warp's MT*R partials, then the ksplit warps of a row group in order; writes out.
-// Sums each warp's MT*R partials, then the ksplit warps of a row group in order, and writes
-// the rows of CTA item `row0g`. Ends with a barrier, so `red` can be reused at once.
-template <int MT, int R>
-__device__ __forceinline__ void qg_finish(float (&acc)[MT][R], float (*red)[MT * R], int row0g,
-                                          int rows, int mrun, int ksplit, int accumulate,
-                                          float* out) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+__device__ __forceinline__ int dp4a4(uint4 a, uint4 b, int c) {
+    c = __dp4a((int)a.x, (int)b.x, c);
+    c = __dp4a((int)a.y, (int)b.y, c);
+    c = __dp4a((int)a.z, (int)b.z, c);
+    return __dp4a((int)a.w, (int)b.w, c);
+}
+
+__device__ __forceinline__ uint4 nib_lo(uint4 q) {
+    return make_uint4(q.x & 0x0f0f0f0fu, q.y & 0x0f0f0f0fu, q.z & 0x0f0f0f0fu, q.w & 0x0f0f0f0fu);
+}
+
+__device__ __forceinline__ uint4 nib_hi(uint4 q) {
+    return make_uint4((q.x >> 4) & 0x0f0f0f0fu, (q.y >> 4) & 0x0f0f0f0fu,
+                      (q.z >> 4) & 0x0f0f0f0fu, (q.w >> 4) & 0x0f0f0f0fu);
+}
+
+// One 32-value block of x (bf16, 16-byte aligned) quantized by one thread: 32 int8 to `q`
+// (16-byte aligned), the scale d and d * sum(q). d = amax / 127, q = roundf(x * (1 / d))
+// (ggml's quantize_row_q8_0 rule).
+__device__ __forceinline__ void q8_block(const bf16* x, signed char* q, float& d, float& ds) {
+    float v[32];
 #pragma unroll
-    for (int m = 0; m < MT; m++)
+    for (int i = 0; i < 4; i++) {
+        const uint4 u = *(const uint4*)(x + 8 * i);
+        const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            v[8 * i + 2 * j] = __uint_as_float(w[j] << 16);
+            v[8 * i + 2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+        }
+    }
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+    d = amax / 127.f;
+    const float id = d > 0.f ? 1.f / d : 0.f;
+    int s = 0;
+    unsigned packed[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        unsigned p = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int qi = (int)roundf(v[4 * i + j] * id);
+            s += qi;
+            p |= ((unsigned)qi & 0xffu) << (8 * j);
+        }
+        packed[i] = p;
+    }
+    ((uint4*)q)[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    ((uint4*)q)[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+    ds = d * (float)s;
+}
+
+// x bf16 [blocks * 32] (rows of K back to back, K % 32 == 0) -> xq int8, xd f32 (scale) and
+// xs f32 (scale * sum of the block's q) per 32 values. A thread per block; grid-stride.
+extern "C" __global__ void q8_quantize_x(const bf16* x, i64 blocks, signed char* xq, float* xd,
+                                         float* xs) {
+    for (i64 b = (i64)blockIdx.x * blockDim.x + threadIdx.x; b < blocks;
+         b += (i64)gridDim.x * blockDim.x)
+        q8_block(x + b * 32, xq + b * 32, xd[b], xs[b]);
+}
+
+#define QT_Q8_0 1
+#define QT_Q4_K 2
+
+// Q4_K: d * scale and dmin * min of sub-blocks 2h and 2h + 1 from a super-block header
+// (ggml's get_scale_min_k4 on a byte pair at once, as llama.cpp's dot product does).
+__device__ __forceinline__ void q4k_pair(uint4 hd, int h, float& d0, float& d1, float& m0,
+                                         float& m1) {
+    const int sh = 16 * (h & 1);
+    const unsigned y = (hd.y >> sh) & 0xffffu, z = (hd.z >> sh) & 0xffffu,
+                   w = (hd.w >> sh) & 0xffffu;
+    const unsigned sc = h < 2 ? (y & 0x3f3fu) : ((w & 0x0f0fu) | ((y >> 2) & 0x3030u));
+    const unsigned mn = h < 2 ? (z & 0x3f3fu) : (((w >> 4) & 0x0f0fu) | ((z >> 2) & 0x3030u));
+    const float d = h2f((unsigned short)(hd.x & 0xffffu));
+    const float dm = h2f((unsigned short)(hd.x >> 16));
+    d0 = d * (byte_f(sc, 0) - 8388608.f);  // byte_f - 2^23: the 6-bit value, exactly
+    d1 = d * (byte_f(sc, 1) - 8388608.f);
+    m0 = dm * (byte_f(mn, 0) - 8388608.f);
+    m1 = dm * (byte_f(mn, 1) - 8388608.f);
+}
+
+// One step of a warp's walk: the weights one lane loads (R rows), prefetched QMV_DEPTH
+// steps ahead.
+template <int TY, int R>
+struct QmvStep {
+    uint4 q[R];
+    uint4 hd[R];  // Q4_K header; Q8_0: .x holds the f16 scale
+};
+
+// Largest K of the GEMV (x quantized in shared memory: K + K / 4 bytes a vector).
+#define QMV_MAX_K 32768
+
+// Matrix-vector products over quantized weights against x quantized per 32 values:
+// out[v, row] (+)= sum_k W[row, k] * xq[v, k] * xd[v, k / 32] for the vectors v < nv.
+//
+// Dense (ids == null): W at w0; the nv = m (<= MT) vectors are x rows x_div .. x_div + m;
+// out rows 0 .. m.
+// Pairs (ids != null, m == 1): blockIdx.y is pair p; W is expert ids[p] - first's matrix
+// (w_ptrs; a pair whose expert is not held here, or has no pointer, gets zeros), x row
+// p / x_div, out row p.
+//
+// Each block first quantizes its x rows into shared memory (q8_block, the rule of
+// q8_quantize_x), so no separate launch or global round trip is needed, and every weight
+// loaded serves all nv vectors. Persistent: block 256 (8 warps), grid.x at most the CTAs
+// resident at once. Warp gw of the grid walks the row groups gw, gw + warps, ... (R rows
+// each) and in each every K step (Q8_0: 16 quants a lane, 512 a warp; Q4_K: a 16-byte
+// quarter of a super-block's nibbles a lane, 4 super-blocks a warp), with the weights of
+// the next DEPTH steps in flight (across row groups too), the first ones requested before
+// x is quantized. Lanes' partial sums are reduced (fixed order) at the end of each group.
+template <int TY, int R, int MT, int DEPTH>
+__device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_ptrs,
+                                      unsigned long long w0, int first, int held,
+                                      const int* __restrict__ ids, const bf16* __restrict__ x,
+                                      int x_div, int rows, int k, int m, int accumulate,
+                                      float* __restrict__ out) {
+    extern __shared__ __align__(16) unsigned char qmv_smem[];
+    // vector v: xq [k] at v * k, then xd [MT][k / 32], xs [MT][k / 32]
+    signed char* xq = (signed char*)qmv_smem;
+    float* xd = (float*)(qmv_smem + MT * k);
+    float* xs = xd + MT * (k >> 5);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gw = blockIdx.x * 8 + warp, nw = gridDim.x * 8;
+    int xr = x_div, orow = 0, nv = min(m, MT);
+    const unsigned char* w = (const unsigned char*)w0;
+    if (ids != nullptr) {
+        const int p = blockIdx.y, ex = ids[p] - first;
+        xr = p / x_div;
+        orow = p;
+        nv = 1;
+        w = (ex >= 0 && ex < held) ? (const unsigned char*)w_ptrs[ex] : nullptr;
+    }
+    const int groups = (rows + R - 1) / R;
+    if (w == nullptr) {
+        for (int g = gw; g < groups; g += nw)
+            if (lane < R && g * R + lane < rows) out[(i64)orow * rows + g * R + lane] = 0.f;
+        return;
+    }
+    const int nsb = k >> 8, nb = k >> 5;
+    const int steps = TY == QT_Q8_0 ? (k + 511) / 512 : (nsb + 3) / 4;
+    const int mine = gw < groups ? (groups - gw + nw - 1) / nw : 0;
+    const int items = mine * steps;
+    const int i8 = lane & 7, h = i8 >> 1, lo = (i8 & 1) * 16;  // Q4_K lane roles
+    const unsigned short* wd = (const unsigned short*)(w + (i64)rows * k);  // Q8_0 scales
+    const i64 rb = (i64)nsb * 144;
+    auto load = [&](int it, QmvStep<TY, R>& st) {
+        const int g = gw + (it / steps) * nw, s = it % steps;
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            float v = warp_sum(acc[m][r]);
-            if (lane == 0) red[warp][m * R + r] = v;
-        }
-    __syncthreads();
-    const int groups = QG_WARPS / ksplit;
-    for (int i = threadIdx.x; i < groups * MT * R; i += blockDim.x) {
-        int g = i / (MT * R), mr = i % (MT * R), m = mr / R, r = mr % R;
-        float s = 0.f;
-        for (int p = 0; p < ksplit; p++) s += red[g * ksplit + p][mr];
-        int row = row0g + g * R + r;
-        if (m < mrun && row < rows) {
-            float* o = out + (i64)m * rows + row;
-            *o = accumulate ? *o + s : s;
-        }
-    }
-    __syncthreads();
-}
-
-// Work order (both types): CTA items c = blockIdx.x, + gridDim.x, ... (a persistent grid);
-// item c is row groups c*groups .. +groups, R rows each; in it, warp (g, part) takes K steps
-// part, part + ksplit, ... of its row group. Each warp loads the weights of its next step
-// (crossing into the next item) before computing the current one, so a step's memory
-// latency hides behind the previous step's arithmetic.
-
-// Q8_0: the raw 16-byte words of chunk `ch` (32 blocks) of rows row0 .. row0+R, from each
-// row's chunk start rounded down to 16 bytes; lane takes words lane, lane+32, lane+64.
-template <int R>
-__device__ __forceinline__ void q8_load(const unsigned char* w, i64 rb, int rows, int row0,
-                                        int ch, int nb, int lane, uint4 (&pre)[R][3],
-                                        int (&shift)[R], int& cb) {
-    cb = min(32, nb - ch * 32);
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const int row = min(row0 + r, rows - 1);  // rows past the end: computed, not stored
-        unsigned long long a = (unsigned long long)(w + row * rb + (i64)ch * 1088);
-        const uint4* base = (const uint4*)(a & ~15ull);
-        shift[r] = (int)(a & 15ull);
-        const int n16 = (shift[r] + cb * 34 + 15) >> 4;
-#pragma unroll
-        for (int i = 0; i < 3; i++) {
-            const int idx = lane + 32 * i;
-            pre[r][i] = idx < n16 ? ldg16(base + idx) : make_uint4(0u, 0u, 0u, 0u);
-        }
-    }
-}
-
-template <int MT, int R>
-__device__ __forceinline__ void q8_0_gemv(const unsigned char* __restrict__ w,
-                                          const bf16* __restrict__ x, float* __restrict__ out,
-                                          int rows, int k, int mrun, int ksplit, int accumulate) {
-    __shared__ __align__(16) uint4 stage[QG_WARPS][R][Q8_STAGE];
-    __shared__ float red[QG_WARPS][MT * R];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int groups = QG_WARPS / ksplit;
-    const int g = warp / ksplit, part = warp % ksplit;
-    const int nb = k >> 5;
-    const i64 rb = (i64)nb * 34;
-    const int chunks = (nb + 31) >> 5;
-    const int ncta = (rows + groups * R - 1) / (groups * R);
-    uint4 pre[R][3];
-    int nshift[R], ncb = 0;
-    if ((int)blockIdx.x < ncta && part < chunks)
-        q8_load<R>(w, rb, rows, (blockIdx.x * groups + g) * R, part, nb, lane, pre, nshift, ncb);
-    for (int c = blockIdx.x; c < ncta; c += gridDim.x) {
-        float acc[MT][R];
-#pragma unroll
-        for (int m = 0; m < MT; m++)
-#pragma unroll
-            for (int r = 0; r < R; r++) acc[m][r] = 0.f;
-        for (int ch = part; ch < chunks; ch += ksplit) {
-            __syncwarp();
-#pragma unroll
-            for (int r = 0; r < R; r++)
-#pragma unroll
-                for (int i = 0; i < 3; i++)
-                    if (lane + 32 * i < Q8_STAGE) stage[warp][r][lane + 32 * i] = pre[r][i];
-            int shift[R];
-#pragma unroll
-            for (int r = 0; r < R; r++) shift[r] = nshift[r];
-            const int cb = ncb;
-            __syncwarp();
-            int nch = ch + ksplit, nc = c;
-            if (nch >= chunks) {
-                nch = part;
-                nc = c + gridDim.x;
+            const int row = min(g * R + r, rows - 1);  // computed, not stored
+            if constexpr (TY == QT_Q8_0) {
+                const int c = s * 512 + lane * 16;
+                if (c < k) {
+                    st.q[r] = ldg16(w + (i64)row * k + c);
+                    st.hd[r].x = __ldg(wd + (i64)row * nb + (c >> 5));
+                } else {
+                    st.q[r] = make_uint4(0u, 0u, 0u, 0u);
+                    st.hd[r].x = 0u;
+                }
+            } else {
+                const int sb = s * 4 + (lane >> 3);
+                if (sb < nsb) {
+                    const unsigned char* blk = w + (i64)row * rb + (i64)sb * 144;
+                    st.hd[r] = ldg16(blk);
+                    st.q[r] = ldg16(blk + 16 + 16 * i8);
+                } else {
+                    st.hd[r] = st.q[r] = make_uint4(0u, 0u, 0u, 0u);
+                }
             }
-            if (nc < ncta)
-                q8_load<R>(w, rb, rows, (nc * groups + g) * R, nch, nb, lane, pre, nshift, ncb);
-            const int piece = lane & 3;
+        }
+    };
+    QmvStep<TY, R> pre[DEPTH];
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int b = j * 8 + (lane >> 2);
-                if (b < cb) {
-                    float q[R][8], d[R];
+    for (int d = 0; d < DEPTH; d++)
+        if (d < items) load(d, pre[d]);
+    for (int v = 0; v < nv; v++) {
+        const bf16* xrow = x + (i64)(xr + v) * k;
+        for (int b = threadIdx.x; b < nb; b += blockDim.x)
+            q8_block(xrow + b * 32, xq + v * k + b * 32, xd[v * nb + b], xs[v * nb + b]);
+    }
+    __syncthreads();
+    float acc[MT][R];
 #pragma unroll
-                    for (int r = 0; r < R; r++) {
-                        const unsigned char* s = (const unsigned char*)stage[warp][r];
-                        const int o = shift[r] + 34 * b;  // even
-                        d[r] = h2f(*(const unsigned short*)(s + o));
-                        const int qo = o + 2 + 8 * piece;
-                        const unsigned* wp = (const unsigned*)(s + (qo & ~3));
-                        const int sh = (qo & 3) * 8;
-                        i8x4(__funnelshift_r(wp[0], wp[1], sh), q[r]);
-                        i8x4(__funnelshift_r(wp[1], wp[2], sh), q[r] + 4);
+    for (int v = 0; v < MT; v++)
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[v][r] = 0.f;
+    for (int base = 0; base < items; base += DEPTH) {
+#pragma unroll
+        for (int d = 0; d < DEPTH; d++) {
+            const int it = base + d;
+            if (it < items) {
+                const QmvStep<TY, R> cur = pre[d];
+                if (it + DEPTH < items) load(it + DEPTH, pre[d]);
+                const int s = it % steps;
+                if constexpr (TY == QT_Q8_0) {
+                    const int c = s * 512 + lane * 16;
+                    if (c < k) {
+                        float dw[R];
+#pragma unroll
+                        for (int r = 0; r < R; r++) dw[r] = h2f((unsigned short)cur.hd[r].x);
+#pragma unroll
+                        for (int v = 0; v < MT; v++) {
+                            if (v < nv) {
+                                const uint4 xv = *(const uint4*)(xq + v * k + c);
+                                const float dx = xd[v * nb + (c >> 5)];
+#pragma unroll
+                                for (int r = 0; r < R; r++)
+                                    acc[v][r] = fmaf((float)dp4a4(cur.q[r], xv, 0), dw[r] * dx,
+                                                     acc[v][r]);
+                            }
+                        }
                     }
-                    const i64 kx = (i64)ch * 1024 + 256 * j + 8 * lane;
+                } else {
+                    const int sb = s * 4 + (lane >> 3);
+                    if (sb < nsb) {
+                        float d0[R], d1[R], m0[R], m1[R];
+                        uint4 ql[R], qh[R];
 #pragma unroll
-                    for (int m = 0; m < MT; m++) {
-                        if (m < mrun) {
-                            float xf[8];
-                            bf16x8(ldg16(x + (i64)m * k + kx), xf);
+                        for (int r = 0; r < R; r++) {
+                            q4k_pair(cur.hd[r], h, d0[r], d1[r], m0[r], m1[r]);
+                            ql[r] = nib_lo(cur.q[r]);
+                            qh[r] = nib_hi(cur.q[r]);
+                        }
+                        const int xo = sb * 256 + 64 * h, bi = xo >> 5;
 #pragma unroll
-                            for (int r = 0; r < R; r++) {
-                                float s = 0.f;
+                        for (int v = 0; v < MT; v++) {
+                            if (v < nv) {
+                                const signed char* xv = xq + v * k + xo;
+                                const uint4 xa = *(const uint4*)(xv + lo);
+                                const uint4 xb = *(const uint4*)(xv + 32 + lo);
+                                const float* dv = xd + v * nb;
+                                const float* sv = xs + v * nb;
+                                const float dx0 = dv[bi], dx1 = dv[bi + 1];
+                                // The mins cover whole sub-blocks: one lane of each pair
+                                // adds them.
+                                const float sx0 = (i8 & 1) ? 0.f : sv[bi];
+                                const float sx1 = (i8 & 1) ? 0.f : sv[bi + 1];
 #pragma unroll
-                                for (int i = 0; i < 8; i++) s = fmaf(q[r][i], xf[i], s);
-                                acc[m][r] = fmaf(d[r], s, acc[m][r]);
+                                for (int r = 0; r < R; r++) {
+                                    const int s0 = dp4a4(ql[r], xa, 0);
+                                    const int s1 = dp4a4(qh[r], xb, 0);
+                                    float a = acc[v][r];
+                                    a = fmaf((float)s0, d0[r] * dx0, a);
+                                    a = fmaf((float)s1, d1[r] * dx1, a);
+                                    a = fmaf(-m0[r], sx0, a);
+                                    acc[v][r] = fmaf(-m1[r], sx1, a);
+                                }
                             }
                         }
                     }
                 }
-            }
-        }
-        qg_finish<MT, R>(acc, red, c * groups * R, rows, mrun, ksplit, accumulate, out);
-    }
-}
-
-// Q4_K: header and this lane's 16 quant bytes of super-block sb of rows row0 .. row0+R.
-template <int R>
-__device__ __forceinline__ void q4k_load(const unsigned char* w, i64 rb, int rows, int row0,
-                                         int sb, int nsb, int j, uint4 (&hd)[R],
-                                         uint4 (&qs)[R]) {
+                if (s == steps - 1) {
+                    const int row0 = (gw + (it / steps) * nw) * R;
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        if (sb < nsb) {
-            const int row = min(row0 + r, rows - 1);
-            const unsigned char* blk = w + row * rb + (i64)sb * 144;
-            hd[r] = ldg16(blk);
-            qs[r] = ldg16(blk + 16 + 16 * j);
-        } else {
-            hd[r] = make_uint4(0u, 0u, 0u, 0u);
-            qs[r] = hd[r];
-        }
-    }
-}
-
-template <int MT, int R>
-__device__ __forceinline__ void q4_k_gemv(const unsigned char* __restrict__ w,
-                                          const bf16* __restrict__ x, float* __restrict__ out,
-                                          int rows, int k, int mrun, int ksplit, int accumulate) {
-    __shared__ float red[QG_WARPS][MT * R];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int groups = QG_WARPS / ksplit;
-    const int g = warp / ksplit, part = warp % ksplit;
-    const int nsb = k >> 8;
-    const i64 rb = (i64)nsb * 144;
-    const int steps = (nsb + 3) >> 2;
-    const int sl = lane >> 3, j = lane & 7, h = j >> 1;
-    const int e0 = 64 * h + 16 * (j & 1);  // first low-nibble element of this lane
-    const int ncta = (rows + groups * R - 1) / (groups * R);
-    uint4 hd[R], qs[R];
-    if ((int)blockIdx.x < ncta && part < steps)
-        q4k_load<R>(w, rb, rows, (blockIdx.x * groups + g) * R, part * 4 + sl, nsb, j, hd, qs);
-    for (int c = blockIdx.x; c < ncta; c += gridDim.x) {
-        float acc[MT][R];
-#pragma unroll
-        for (int m = 0; m < MT; m++)
-#pragma unroll
-            for (int r = 0; r < R; r++) acc[m][r] = 0.f;
-        for (int st = part; st < steps; st += ksplit) {
-            const int sb = st * 4 + sl;
-            uint4 chd[R], cqs[R];
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                chd[r] = hd[r];
-                cqs[r] = qs[r];
-            }
-            int nst = st + ksplit, nc = c;
-            if (nst >= steps) {
-                nst = part;
-                nc = c + gridDim.x;
-            }
-            if (nc < ncta) q4k_load<R>(w, rb, rows, (nc * groups + g) * R, nst * 4 + sl, nsb, j, hd, qs);
-            if (sb >= nsb) continue;
-            float d1[R], m1[R], d2[R], m2[R];
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                const float d = h2f((unsigned short)(chd[r].x & 0xffffu));
-                const float dm = h2f((unsigned short)(chd[r].x >> 16));
-                float sc, mn;
-                q4k_scale_min(chd[r], 2 * h, sc, mn);
-                d1[r] = d * sc;
-                m1[r] = dm * mn;
-                q4k_scale_min(chd[r], 2 * h + 1, sc, mn);
-                d2[r] = d * sc;
-                m2[r] = dm * mn;
-            }
-            const i64 kb = (i64)sb * 256 + e0;
-#pragma unroll
-            for (int p = 0; p < 2; p++) {  // quant words 2p, 2p+1: elements e0 + 8p .. + 8
-                float lo[R][8], hi[R][8];
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    const unsigned wa = p ? cqs[r].z : cqs[r].x, wb = p ? cqs[r].w : cqs[r].y;
-                    float t[8];
-                    u4x4(wa & 0x0f0f0f0fu, t);
-                    u4x4(wb & 0x0f0f0f0fu, t + 4);
-#pragma unroll
-                    for (int i = 0; i < 8; i++) lo[r][i] = fmaf(d1[r], t[i], -m1[r]);
-                    u4x4((wa >> 4) & 0x0f0f0f0fu, t);
-                    u4x4((wb >> 4) & 0x0f0f0f0fu, t + 4);
-#pragma unroll
-                    for (int i = 0; i < 8; i++) hi[r][i] = fmaf(d2[r], t[i], -m2[r]);
-                }
-#pragma unroll
-                for (int m = 0; m < MT; m++) {
-                    if (m < mrun) {
-                        float xl[8], xh[8];
-                        bf16x8(ldg16(x + (i64)m * k + kb + 8 * p), xl);
-                        bf16x8(ldg16(x + (i64)m * k + kb + 32 + 8 * p), xh);
+                    for (int v = 0; v < MT; v++)
 #pragma unroll
                         for (int r = 0; r < R; r++) {
-                            float s = acc[m][r];
-#pragma unroll
-                            for (int i = 0; i < 8; i++) s = fmaf(lo[r][i], xl[i], s);
-#pragma unroll
-                            for (int i = 0; i < 8; i++) s = fmaf(hi[r][i], xh[i], s);
-                            acc[m][r] = s;
+                            const float t = warp_sum(acc[v][r]);
+                            acc[v][r] = 0.f;
+                            if (lane == 0 && v < nv && row0 + r < rows) {
+                                float* o = out + (i64)(orow + v) * rows + row0 + r;
+                                *o = accumulate ? *o + t : t;
+                            }
                         }
-                    }
                 }
             }
         }
-        qg_finish<MT, R>(acc, red, c * groups * R, rows, mrun, ksplit, accumulate, out);
     }
 }
 
-
-// Kernels qgemv_<type>_m<MT>r<R>(w, x, out, rows, k, m, ksplit, accumulate): block 256, any
-// grid (persistent: the host launches at most the CTAs that fit on the GPU at once, each
-// walks items c, c + gridDim.x, ...); m <= MT; ksplit in {1, 2, 4, 8}.
-#define QGEMV_KERNEL(TY, MT, R)                                                               \
-    extern "C" __global__ void __launch_bounds__(256)                                        \
-        qgemv_##TY##_m##MT##r##R(const unsigned char* w, const bf16* x, float* out, int rows, \
-                                 int k, int m, int ksplit, int accumulate) {                  \
-        TY##_gemv<MT, R>(w, x, out, rows, k, m, ksplit, accumulate);                          \
+#define QMV_ENTRY(TYN, TY, R, MT, DEPTH)                                                       \
+    extern "C" __global__ void __launch_bounds__(256, 2)                                       \
+        qmv_##TYN##_r##R##m##MT(const unsigned long long* w_ptrs, unsigned long long w0,       \
+                                int first, int held, const int* ids, const bf16* x, int x_div, \
+                                int rows, int k, int m, int accumulate, float* out) {          \
+        qmv_t<TY, R, MT, DEPTH>(w_ptrs, w0, first, held, ids, x, x_div, rows, k, m,            \
+                                accumulate, out);                                              \
     }
+// qgemv.rs's QmvVariant::ALL lists these (steps in flight: 4, 2 where registers bind).
+QMV_ENTRY(q8_0, QT_Q8_0, 1, 1, 4)
+QMV_ENTRY(q8_0, QT_Q8_0, 2, 1, 4)
+QMV_ENTRY(q8_0, QT_Q8_0, 4, 1, 2)
+QMV_ENTRY(q8_0, QT_Q8_0, 2, 2, 4)
+QMV_ENTRY(q8_0, QT_Q8_0, 2, 4, 2)
+QMV_ENTRY(q4_k, QT_Q4_K, 1, 1, 4)
+QMV_ENTRY(q4_k, QT_Q4_K, 2, 1, 4)
+QMV_ENTRY(q4_k, QT_Q4_K, 4, 1, 2)
+QMV_ENTRY(q4_k, QT_Q4_K, 2, 2, 4)
+QMV_ENTRY(q4_k, QT_Q4_K, 2, 4, 2)
 
-QGEMV_KERNEL(q8_0, 1, 1)
-QGEMV_KERNEL(q8_0, 1, 2)
-QGEMV_KERNEL(q8_0, 1, 4)
-QGEMV_KERNEL(q8_0, 2, 2)
-QGEMV_KERNEL(q8_0, 4, 2)
-QGEMV_KERNEL(q8_0, 8, 1)
-QGEMV_KERNEL(q8_0, 8, 2)
-QGEMV_KERNEL(q4_k, 1, 1)
-QGEMV_KERNEL(q4_k, 1, 2)
-QGEMV_KERNEL(q4_k, 1, 4)
-QGEMV_KERNEL(q4_k, 2, 2)
-QGEMV_KERNEL(q4_k, 4, 2)
-QGEMV_KERNEL(q4_k, 8, 1)
-QGEMV_KERNEL(q4_k, 8, 2)
-
-// Q8_0 rows [rows, k] -> bf16 [rows, k] (round to nearest even of the exact value).
-// One thread per block, grid-stride; reads the block as 17 aligned u16 (blocks are 2-aligned).
-extern "C" __global__ void dequant_q8_0_bf16(const unsigned char* w, bf16* out, int rows,
-                                             int k) {
-    const int nb = k >> 5;
-    const i64 total = (i64)rows * nb;
+// Q8_0 (repacked: quants w [rows, k], scales wd [rows, k / 32]) -> bf16 [rows, k] (round to
+// nearest even of the exact value). One thread per 16 quants; grid-stride.
+extern "C" __global__ void dequant_q8_0_bf16(const unsigned char* w, const unsigned short* wd,
+                                             bf16* out, int rows, int k) {
+    const i64 total = (i64)rows * k / 16;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (i64)gridDim.x * blockDim.x) {
-        const unsigned short* b = (const unsigned short*)(w + i * 34);  // row * rb + bi * 34
-        const float d = h2f(b[0]);
-        unsigned o[16];
+        const uint4 q = ldg16(w + i * 16);
+        const float d = h2f(wd[(i * 16) >> 5]);  // rows are whole blocks: flat index works
+        const unsigned qq[4] = {q.x, q.y, q.z, q.w};
+        unsigned o[8];
 #pragma unroll
-        for (int t = 0; t < 16; t++) {
-            unsigned v = b[1 + t];
-            float lo = (float)(signed char)(v & 0xffu) * d;
-            float hi = (float)(signed char)(v >> 8) * d;
-            o[t] = (unsigned)f2bf(lo) | ((unsigned)f2bf(hi) << 16);
+        for (int t = 0; t < 4; t++) {
+            float f[4];
+            i8x4(qq[t], f);
+            o[2 * t] = (unsigned)f2bf(f[0] * d) | ((unsigned)f2bf(f[1] * d) << 16);
+            o[2 * t + 1] = (unsigned)f2bf(f[2] * d) | ((unsigned)f2bf(f[3] * d) << 16);
         }
-        uint4* dst = (uint4*)(out + i * 32);
-#pragma unroll
-        for (int t = 0; t < 4; t++) dst[t] = make_uint4(o[4 * t], o[4 * t + 1], o[4 * t + 2], o[4 * t + 3]);
+        uint4* dst = (uint4*)(out + i * 16);
+        dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+        dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
     }
 }
 

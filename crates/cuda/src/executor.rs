@@ -26,7 +26,7 @@ use crate::graphs::{DecodeGraph, GraphKey, Graphs};
 use crate::nccl::NcclComm;
 use crate::ops::{AttnDims, Gemm, GemmType, KeyLists};
 use crate::step_inputs::{HostInputs, KeyListHost, KeyListSet, StepInputs};
-use crate::weights::{GFfn, GLayer, GMat, GMlp, GWeights};
+use crate::weights::{GFfn, GLayer, GLinear, GMat, GMlp, GWeights};
 use mlaserve_model::layers::{dsa::top_k, rope::Rope};
 use mlaserve_model::probe::{self, PathTag};
 use mlaserve_model::{AttentionPath, Executor, ForwardBatch, Model, ModelConfig, ModelError};
@@ -73,9 +73,29 @@ pub struct CudaExecutor {
     moe_gpu_max: usize,
 }
 
-fn gemm_bf16(gpu: &Gpu, m: usize, x: u64, w: &GMat, out: u64, acc: bool) -> Result<()> {
-    let g = Gemm::plain(GemmType::Bf16, m, w.rows, w.cols, x, w.w.ptr(), out);
-    gpu.gemm(&if acc { g.accumulate() } else { g })
+/// out[m, rows] (+)= x[m, cols] . W^T, x bf16, out f32: cuBLAS for bf16 weights, the
+/// quantized kernels (qgemv.rs) for weights kept in GGUF blocks.
+fn linear(gpu: &Gpu, m: usize, x: u64, w: &GLinear, out: u64, acc: bool) -> Result<()> {
+    match w {
+        GLinear::Bf16(w) => {
+            let g = Gemm::plain(GemmType::Bf16, m, w.rows, w.cols, x, w.w.ptr(), out);
+            gpu.gemm(&if acc { g.accumulate() } else { g })
+        }
+        GLinear::Quant(q) => gpu.qgemm(q, m, x, out, acc),
+    }
+}
+
+/// [`linear`] over a matrix that is always bf16 (the absorbed W_UK / W_UV).
+fn gemm_bf16(gpu: &Gpu, m: usize, x: u64, w: &GMat, out: u64) -> Result<()> {
+    gpu.gemm(&Gemm::plain(
+        GemmType::Bf16,
+        m,
+        w.rows,
+        w.cols,
+        x,
+        w.w.ptr(),
+        out,
+    ))
 }
 
 mod moe;
@@ -95,9 +115,17 @@ impl CudaExecutor {
         let w = GWeights::upload(&gpu, model.weights())?;
         gpu.sync()?;
         let (free, total) = gpu.mem_info()?;
+        let (qb, lb) = w.linear_bytes();
+        if qb > 0 {
+            gpu.reserve_dequant_scratch()?;
+        }
+        let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
         tracing::info!(
-            "weights on cuda:{ordinal} in {:.2}s; {:.1} of {:.1} GiB free",
+            "weights on cuda:{ordinal} in {:.2}s (projections {:.2} GiB, {:.2} GiB of it in \
+             GGUF blocks); {:.1} of {:.1} GiB free",
             t0.elapsed().as_secs_f64(),
+            gib(lb),
+            gib(qb),
             free as f64 / (1u64 << 30) as f64,
             total as f64 / (1u64 << 30) as f64
         );
@@ -508,7 +536,7 @@ impl CudaExecutor {
             cfg.rms_norm_eps,
         )?;
         let logits = gpu.alloc::<f32>(rows * cfg.vocab_size)?;
-        gemm_bf16(gpu, rows, last.ptr(), &self.w.lm_head, logits.ptr(), false)?;
+        linear(gpu, rows, last.ptr(), &self.w.lm_head, logits.ptr(), false)?;
         Ok(Some(logits))
     }
 
@@ -516,10 +544,10 @@ impl CudaExecutor {
     fn mlp(&self, m: &GMlp, rows: usize, xb: u64, out: u64) -> Result<()> {
         let gpu = &self.gpu;
         let gu = gpu.alloc::<f32>(rows * 2 * m.f)?;
-        gemm_bf16(gpu, rows, xb, &m.gate_up, gu.ptr(), false)?;
+        linear(gpu, rows, xb, &m.gate_up, gu.ptr(), false)?;
         let act = gpu.alloc::<u16>(rows * m.f)?;
         gpu.silu_mul(gu.ptr(), act.ptr(), m.f, rows)?;
-        gemm_bf16(gpu, rows, act.ptr(), &m.down, out, true)
+        linear(gpu, rows, act.ptr(), &m.down, out, true)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -549,22 +577,22 @@ impl CudaExecutor {
         let q = gpu.alloc::<f32>(t * n * qk)?;
         let q_c = match (&w.q_a, &w.q_a_norm) {
             (Some(q_a), Some(norm)) => {
-                let lq = q_a.rows;
+                let lq = q_a.rows();
                 let qa = gpu.alloc::<f32>(t * lq)?;
-                gemm_bf16(gpu, t, hnb.ptr(), q_a, qa.ptr(), false)?;
+                linear(gpu, t, hnb.ptr(), q_a, qa.ptr(), false)?;
                 let qcb = gpu.alloc::<u16>(t * lq)?;
                 gpu.rms_norm(t, qa.ptr(), lq, 0, norm.ptr(), 0, 0, qcb.ptr(), lq, lq, eps)?;
-                gemm_bf16(gpu, t, qcb.ptr(), &w.q_b, q.ptr(), false)?;
+                linear(gpu, t, qcb.ptr(), &w.q_b, q.ptr(), false)?;
                 Some((qcb, lq))
             }
             _ => {
-                gemm_bf16(gpu, t, hnb.ptr(), &w.q_b, q.ptr(), false)?;
+                linear(gpu, t, hnb.ptr(), &w.q_b, q.ptr(), false)?;
                 None
             }
         };
         // kv [T, L+R]: RMSNorm(kv_c), RoPE(k_pe), then the cache write.
         let kv = gpu.alloc::<f32>(t * lw)?;
-        gemm_bf16(gpu, t, hnb.ptr(), &w.kv_a, kv.ptr(), false)?;
+        linear(gpu, t, hnb.ptr(), &w.kv_a, kv.ptr(), false)?;
         gpu.rms_norm(
             t,
             kv.ptr(),
@@ -659,8 +687,8 @@ impl CudaExecutor {
             )?;
             let k_nope = gpu.alloc::<f32>(s_total * n * p)?;
             let vals = gpu.alloc::<f32>(s_total * n * v)?;
-            gemm_bf16(gpu, s_total, kvc.ptr(), &w.w_uk, k_nope.ptr(), false)?;
-            gemm_bf16(gpu, s_total, kvc.ptr(), &w.w_uv, vals.ptr(), false)?;
+            gemm_bf16(gpu, s_total, kvc.ptr(), &w.w_uk, k_nope.ptr())?;
+            gemm_bf16(gpu, s_total, kvc.ptr(), &w.w_uv, vals.ptr())?;
             Some((kpe, k_nope, vals))
         } else {
             None
@@ -781,7 +809,7 @@ impl CudaExecutor {
         }
         let ob = gpu.alloc::<u16>(t * n * v)?;
         gpu.to_bf16(attn_out.ptr(), ob.ptr(), t * n * v)?;
-        gemm_bf16(gpu, t, ob.ptr(), &w.o_proj, out, true)
+        linear(gpu, t, ob.ptr(), &w.o_proj, out, true)
     }
 
     /// The absorbed path over all of the step's tokens (every one a decode token).
@@ -918,11 +946,11 @@ impl CudaExecutor {
         let t = batch.num_tokens();
         let (hi, d, r) = (ic.num_heads, ic.head_dim, cfg.qk_rope_head_dim);
         let iq = gpu.alloc::<f32>(t * hi * d)?;
-        gemm_bf16(gpu, t, qcb.ptr(), &iw.wq_b, iq.ptr(), false)?;
+        linear(gpu, t, qcb.ptr(), &iw.wq_b, iq.ptr(), false)?;
         let ik = gpu.alloc::<f32>(t * d)?;
-        gemm_bf16(gpu, t, hnb.ptr(), &iw.wk, ik.ptr(), false)?;
+        linear(gpu, t, hnb.ptr(), &iw.wk, ik.ptr(), false)?;
         let wt = gpu.alloc::<f32>(t * hi)?;
-        gemm_bf16(gpu, t, hnb.ptr(), &iw.proj, wt.ptr(), false)?;
+        linear(gpu, t, hnb.ptr(), &iw.proj, wt.ptr(), false)?;
         gpu.layer_norm(
             t,
             ik.ptr(),

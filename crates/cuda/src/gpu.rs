@@ -115,6 +115,9 @@ pub struct Gpu {
     /// While profiling ([`Gpu::prof_begin`]): an event recorded after every kernel and GEMM,
     /// with its label.
     prof: std::sync::Mutex<Option<Vec<(String, cudarc::driver::CudaEvent)>>>,
+    /// The bf16 scratch quantized weights are dequantized into for large-M products
+    /// (qgemv.rs), reserved once before any step so graph captures never allocate.
+    pub(crate) dequant_scratch: std::sync::OnceLock<DBuf<u16>>,
 }
 
 /// The step scratch arena: chunks of device memory, bump-allocated, reset per step.
@@ -229,6 +232,7 @@ impl Gpu {
             sm_count,
             smem_raised: std::sync::Mutex::new(std::collections::HashSet::new()),
             prof: std::sync::Mutex::new(None),
+            dequant_scratch: std::sync::OnceLock::new(),
         })
     }
 

@@ -13,6 +13,7 @@
 use crate::args;
 use crate::error::{CudaError, Result};
 use crate::gpu::{DBuf, Gpu};
+use crate::qgemv::{QMat, QType};
 use cudarc::driver::LaunchConfig;
 
 /// Most pairs (tokens × top-k) one sort takes (its shared-memory copy of the ids).
@@ -35,8 +36,22 @@ pub fn moe_max_tiles(pairs: usize, held: usize, bm: usize) -> usize {
     pairs.div_ceil(bm) + held.min(pairs)
 }
 
-fn gemm_smem(bm: usize) -> usize {
-    4 * (bm + BN) * 72 * 2
+/// Dynamic shared memory of a grouped-GEMM block: the x ring, and the bf16 weight ring, or
+/// for quantized weights one bf16 tile + the ring of raw slices (`MOE_RAW_*` bytes a row).
+fn gemm_smem(bm: usize, wty: Option<QType>) -> usize {
+    const STAGES: usize = 4;
+    const ROW: usize = 72 * 2;
+    let a = STAGES * bm * ROW;
+    match wty {
+        None => a + STAGES * BN * ROW,
+        Some(t) => {
+            let raw = match t {
+                QType::Q8_0 => 80,
+                QType::Q4K => 48,
+            };
+            a + BN * ROW + STAGES * BN * raw
+        }
+    }
 }
 
 /// Pairs sorted by expert on the device ([`Gpu::moe_sort`]), i32 each: order [P] (pairs in
@@ -95,12 +110,14 @@ impl Gpu {
 
     /// Grouped expert GEMM over the sorted rows of `s`: out[r, :n] = W_e[:n, :k] · x[src(r), :k]
     /// for every held expert e and row r of e, src(r) = order[r] / x_div when `gather` else r.
-    /// `w_ptrs` [held] bf16 [n, k] matrices; x bf16; out f32 [pairs, n] (rows of dropped
+    /// `w_ptrs` [held] [n, k] matrices, bf16 (`wty` None) or quantized (qgemv.rs layouts,
+    /// dequantized tile by tile in shared memory); x bf16; out f32 [pairs, n] (rows of dropped
     /// pairs untouched).
     #[allow(clippy::too_many_arguments)]
     pub fn moe_gemm(
         &self,
         s: &SortedPairs,
+        wty: Option<QType>,
         w_ptrs: u64,
         x: u64,
         x_div: usize,
@@ -109,17 +126,16 @@ impl Gpu {
         k: usize,
         out: u64,
     ) -> Result<()> {
-        if k % 8 != 0 || !self.has_flash_attn() {
+        let align = wty.map_or(8, |t| t.block_values());
+        if k % align != 0 || !self.has_flash_attn() {
             return Err(CudaError::Invalid(format!(
-                "grouped expert GEMM needs k % 8 == 0 and sm_80+, got k={k} on {}",
+                "grouped expert GEMM over {wty:?} needs k % {align} == 0 and sm_80+, got k={k} on {}",
                 self.arch
             )));
         }
         let bm = moe_tile_rows(s.pairs, s.held);
-        let (name, smem) = match bm {
-            64 => ("moe_gemm_m4", gemm_smem(64)),
-            _ => ("moe_gemm", gemm_smem(16)),
-        };
+        let smem = gemm_smem(bm, wty);
+        let name = gemm_kernel(wty, bm);
         self.raise_smem(name, smem)?;
         let cfg = LaunchConfig {
             grid_dim: (
@@ -133,10 +149,77 @@ impl Gpu {
         let (o, off, to) = (s.order.ptr(), s.offsets.ptr(), s.tile_off.ptr());
         let (xd, ga, h) = (x_div as i32, gather as i32, s.held as i32);
         let (n32, k32) = (n as i32, k as i32);
+        let zero = 0i32;
         self.launch(
             name,
             cfg,
-            &args![w_ptrs, o, x, xd, ga, off, to, h, n32, k32, out],
+            &args![w_ptrs, o, x, xd, ga, off, to, h, n32, k32, out, zero, zero],
         )
+    }
+
+    /// out[m, :rows] (+)= x[m, :cols] . W^T for one quantized matrix and 1 <= m <= 64 rows of
+    /// x (bf16), on the grouped GEMM's tensor-core kernel in dense mode: weight tiles
+    /// dequantized in shared memory, every weight read once (one m-tile of 16 or 64 rows).
+    pub fn qgemm_tc(&self, w: &QMat, m: usize, x: u64, out: u64, accumulate: bool) -> Result<()> {
+        if !self.has_flash_attn() || m == 0 || m > 64 || w.cols % w.ty.block_values() != 0 {
+            return Err(CudaError::Invalid(format!(
+                "qgemm_tc: {m} rows of {:?} [{} x {}] on {} (1-64 rows, sm_80+)",
+                w.ty, w.rows, w.cols, self.arch
+            )));
+        }
+        let bm = if m <= 16 { 16 } else { 64 };
+        let (name, smem) = (gemm_kernel(Some(w.ty), bm), gemm_smem(bm, Some(w.ty)));
+        self.raise_smem(name, smem)?;
+        // Split K until the grid has ~6 blocks per SM (a block is 4 warps, and its per-step
+        // dequantize + barrier chain needs other blocks to hide it; each split keeps >= 4 K
+        // steps); the partial sums are added in split order by qgemm_reduce.
+        let nblk = w.rows.div_ceil(BN);
+        let ksteps = w.cols.div_ceil(64);
+        let splits = (6 * self.sm_count)
+            .div_ceil(nblk)
+            .min(ksteps / 4)
+            .clamp(1, 32);
+        let cfg = LaunchConfig {
+            grid_dim: (nblk as u32, 1, splits as u32),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let (null, one, zero) = (0u64, 1i32, 0i32);
+        let (n32, k32, m32, acc) = (w.rows as i32, w.cols as i32, m as i32, accumulate as i32);
+        let p = w.ptr.ptr();
+        if splits == 1 {
+            return self.launch(
+                name,
+                cfg,
+                &args![p, null, x, one, zero, null, null, zero, n32, k32, out, m32, acc],
+            );
+        }
+        let mn = m * w.rows;
+        let part = self.alloc::<f32>(splits * mn)?;
+        let pp = part.ptr();
+        self.launch(
+            name,
+            cfg,
+            &args![p, null, x, one, zero, null, null, zero, n32, k32, pp, m32, zero],
+        )?;
+        let (sp, mn64) = (splits as i32, mn as i64);
+        let grid = mn.div_ceil(256).min(4096) as u32;
+        self.launch(
+            "qgemm_reduce",
+            Gpu::cfg((grid, 1, 1), 256),
+            &args![pp, sp, mn64, acc, out],
+        )
+    }
+}
+
+/// The grouped-GEMM kernel for weights `wty` and `bm`-row tiles.
+fn gemm_kernel(wty: Option<QType>, bm: usize) -> &'static str {
+    match (wty, bm) {
+        (None, 64) => "moe_gemm_m4",
+        (None, _) => "moe_gemm",
+        (Some(QType::Q8_0), 64) => "moe_gemm_q8_0_m4",
+        (Some(QType::Q8_0), _) => "moe_gemm_q8_0",
+        (Some(QType::Q4K), 64) => "moe_gemm_q4_k_m4",
+        (Some(QType::Q4K), _) => "moe_gemm_q4_k",
     }
 }

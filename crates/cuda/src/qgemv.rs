@@ -1,22 +1,32 @@
-//! GGUF weights kept compressed on the GPU: Q8_0 and Q4_K matrices as their raw ggml blocks
-//! ([`QMat`]), the quantized GEMV `out[m, r] (+)= sum_k W[r, k] * x[m, k]` for x bf16 [M, K]
-//! with M <= [`QGEMV_MAX_M`] (`kernels/qgemv.cu`), and a dequantize kernel (rows -> bf16) so
-//! larger M runs as dequantize-to-scratch + cuBLAS ([`Gpu::qgemm`]).
+//! GGUF weights kept compressed on the GPU: Q8_0 and Q4_K matrices ([`QMat`]) and the
+//! products over them ([`Gpu::qgemm`] picks by M):
+//! - M = 1 .. 4: x quantized to int8 per 32 values in the kernel's shared memory (ggml's
+//!   Q8_0 rule, as the CPU executor does for quantized weights; [`Gpu::quantize_x`] is the
+//!   same rule on its own), then int8 dot products (dp4a) against the stored quants on a
+//!   persistent grid, each weight read once for all vectors ([`Gpu::qmv`],
+//!   `kernels/qgemv.cu`); the MoE expert GEMV runs the same kernel over (token, expert)
+//!   pairs ([`Gpu::qmv_pairs`]).
+//! - M = 5 .. [`QGEMM_TC_MAX_M`]: the grouped GEMM's tensor-core kernel in dense mode
+//!   ([`Gpu::qgemm_tc`], moe_grouped.rs): weight tiles dequantized to bf16 in shared memory,
+//!   x bf16, every weight read once. The grouped expert GEMM does the same per expert.
+//! - larger M: the weights dequantized in row chunks to a bf16 scratch and cuBLAS.
 //!
-//! Invariants: a `QMat`'s bytes are `rows * row_bytes` of blocks, rows back to back, the
-//! buffer padded with zeros to a multiple of 16 bytes (the Q8_0 kernel reads 16-byte aligned
-//! words around each row chunk); `cols` is a multiple of the type's block size. The dequantized
-//! values equal the CPU dequantizer's (`QMatrix::to_f32`) exactly; the dequantize kernel rounds
-//! them to bf16 (nearest even), and the GEMV keeps them in f32.
+//! The tensor-core and cuBLAS paths compute exactly what a bf16 upload of the dequantized
+//! weights would; the GEMV differs from that by quantizing x.
+//!
+//! Invariants: a `QMat` holds `rows * row_bytes(cols)` bytes followed by at least 16 zero
+//! bytes: Q4_K as ggml's super-blocks, rows back to back; Q8_0 repacked so every load is
+//! aligned: the int8 quants as a [rows, cols] matrix, then the f16 scales as a
+//! [rows, cols / 32] matrix. `cols` is a multiple of the type's block size. The dequantized
+//! values equal the CPU dequantizer's (`QMatrix::to_f32`) exactly; the dequantize kernels
+//! round them to bf16 (nearest even).
 
 use crate::args;
 use crate::error::{CudaError, Result};
 use crate::gpu::{DBuf, Gpu};
 use crate::ops::{Gemm, GemmType};
+use cudarc::driver::LaunchConfig;
 use mlaserve_gguf::GgmlType;
-
-/// Largest batch the GEMV kernels take; larger batches dequantize and use cuBLAS.
-pub const QGEMV_MAX_M: usize = 8;
 
 /// A GGUF block type the GPU keeps compressed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,79 +82,112 @@ impl QType {
     }
 }
 
-/// A quantized matrix [rows, cols] on the device, raw ggml blocks (see the module invariants).
+/// A quantized matrix [rows, cols] on the device (see the module invariants).
 pub struct QMat {
     pub ty: QType,
     pub rows: usize,
     pub cols: usize,
     pub w: DBuf<u8>,
+    /// [1]: the device pointer of `w` (the tensor-core kernel takes a pointer table).
+    pub ptr: DBuf<u64>,
 }
 
 impl QMat {
-    /// Bytes of blocks (without the padding).
+    /// Bytes of quants and scales (without the padding).
     pub fn bytes(&self) -> usize {
         self.rows * self.ty.row_bytes(self.cols)
     }
 }
 
-/// One GEMV kernel: at most `mt` vectors per launch, `r` rows per warp (`qgemv_<ty>_m<mt>r<r>`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct QgemvVariant {
-    pub mt: usize,
-    pub r: usize,
+/// Q8_0 ggml blocks of a [rows, cols] matrix -> the GPU layout: int8 quants [rows, cols], then
+/// f16 scales [rows, cols / 32].
+pub fn repack_q8_0(rows: usize, cols: usize, blocks: &[u8]) -> Vec<u8> {
+    let nb = cols / 32;
+    let mut out = vec![0u8; rows * cols + rows * nb * 2];
+    let (qs, ds) = out.split_at_mut(rows * cols);
+    for (i, b) in blocks.chunks_exact(34).take(rows * nb).enumerate() {
+        ds[2 * i..2 * i + 2].copy_from_slice(&b[..2]);
+        qs[32 * i..32 * i + 32].copy_from_slice(&b[2..]);
+    }
+    out
 }
 
-impl QgemvVariant {
+/// x quantized per 32 values by [`Gpu::quantize_x`]: int8 [m, k], and per 32 values the scale
+/// d and d * sum(q) — the rule the GEMV applies to x in shared memory (the op table checks
+/// it against the host through this kernel).
+pub struct QuantX {
+    pub m: usize,
+    pub k: usize,
+    pub q: DBuf<i8>,
+    pub d: DBuf<f32>,
+    pub s: DBuf<f32>,
+}
+
+/// Elements of the bf16 scratch [`Gpu::qgemm`] dequantizes into (32 MiB); larger matrices
+/// go through it in row chunks, each its own GEMM into a column range of the output.
+pub const DEQUANT_CHUNK: usize = 16 << 20;
+
+/// Largest K of the GEMV (it quantizes x into shared memory: K + K / 4 bytes).
+pub const QMV_MAX_K: usize = 32768;
+
+/// Largest M [`Gpu::qgemm`] runs on the tensor-core kernel that dequantizes weight tiles in
+/// shared memory (moe_grouped.rs, one 16- or 64-row tile: the weights are read once); larger
+/// M dequantizes the whole matrix for cuBLAS.
+pub const QGEMM_TC_MAX_M: usize = 64;
+
+/// One GEMV kernel: `r` rows a warp, up to `mt` vectors (`qmv_<ty>_r<r>m<mt>`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QmvVariant {
+    pub r: usize,
+    pub mt: usize,
+}
+
+impl QmvVariant {
     /// Every kernel `qgemv.cu` instantiates (per type).
-    pub const ALL: [QgemvVariant; 7] = [
-        QgemvVariant { mt: 1, r: 1 },
-        QgemvVariant { mt: 1, r: 2 },
-        QgemvVariant { mt: 1, r: 4 },
-        QgemvVariant { mt: 2, r: 2 },
-        QgemvVariant { mt: 4, r: 2 },
-        QgemvVariant { mt: 8, r: 1 },
-        QgemvVariant { mt: 8, r: 2 },
+    pub const ALL: [QmvVariant; 5] = [
+        QmvVariant { r: 1, mt: 1 },
+        QmvVariant { r: 2, mt: 1 },
+        QmvVariant { r: 4, mt: 1 },
+        QmvVariant { r: 2, mt: 2 },
+        QmvVariant { r: 2, mt: 4 },
     ];
 
-    /// The kernel used for `m` vectors (1..=8).
-    pub fn for_m(m: usize) -> Option<Self> {
-        let (mt, r) = match m {
-            1 => (1, 2),
-            2 => (2, 2),
-            3 | 4 => (4, 2),
-            5..=8 => (8, 2),
-            _ => return None,
-        };
-        Some(QgemvVariant { mt, r })
+    /// Most vectors one launch takes.
+    pub const MAX_M: usize = 4;
+
+    /// The kernel for `m` vectors (1..=4) against `rows` rows: one vector, 2 rows a warp, 4
+    /// from 4,096 rows on (the lab's fastest on V2-Lite and V3 shapes, bench/cuda/qgemv.md);
+    /// more vectors, 2 rows a warp.
+    pub fn for_m(m: usize, rows: usize) -> Option<Self> {
+        match m {
+            1 if rows >= 4096 => Some(QmvVariant { r: 4, mt: 1 }),
+            1 => Some(QmvVariant { r: 2, mt: 1 }),
+            2 => Some(QmvVariant { r: 2, mt: 2 }),
+            3 | 4 => Some(QmvVariant { r: 2, mt: 4 }),
+            _ => None,
+        }
     }
+
+    /// The expert GEMV's kernel (its pairs run side by side, each over few rows).
+    pub const PAIRS: QmvVariant = QmvVariant { r: 2, mt: 1 };
 
     pub fn kernel(self, ty: QType) -> String {
-        format!("qgemv_{}_m{}r{}", ty.tag(), self.mt, self.r)
+        format!("qmv_{}_r{}m{}", ty.tag(), self.r, self.mt)
     }
 
-    /// Warps splitting K per row group (1, 2, 4 or 8): the smallest that gives at least
-    /// 1024 CTAs of 8 warps (several waves on a 132-SM GPU), but no split leaving a warp
-    /// fewer than two chunks of K.
-    pub fn default_ksplit(self, ty: QType, rows: usize, k: usize) -> usize {
-        // A warp step covers 1024 values of K for both types (32 Q8_0 blocks, 4 Q4_K blocks).
-        let _ = ty;
-        let chunks = k.div_ceil(1024);
-        let mut ks = 1;
-        while ks < 8 && self.ctas(rows, ks) < 1024 && chunks >= 4 * ks {
-            ks *= 2;
-        }
-        ks
+    /// CTAs of 8 warps covering `rows` rows once.
+    pub fn blocks(self, rows: usize) -> usize {
+        rows.div_ceil(8 * self.r)
     }
 
-    /// CTA items (8 / ksplit row groups of r rows each) over `rows` rows; a launch runs
-    /// min(items, resident CTAs) CTAs, each walking items c, c + grid, ...
-    pub fn ctas(self, rows: usize, ksplit: usize) -> usize {
-        rows.div_ceil(8 / ksplit * self.r)
+    /// Dynamic shared memory for width `k`: x of `mt` vectors as int8, d and d * sum per 32.
+    pub fn smem(self, k: usize) -> usize {
+        self.mt * (k + k / 32 * 8)
     }
 }
 
 impl Gpu {
-    /// Uploads `bytes` (raw ggml blocks of a [rows, cols] matrix of `ty`), padded to 16 bytes.
+    /// Uploads `bytes` (raw ggml blocks of a [rows, cols] matrix of `ty`) in the GPU layout.
     pub fn upload_qmat(&self, ty: QType, rows: usize, cols: usize, bytes: &[u8]) -> Result<QMat> {
         if cols % ty.block_values() != 0 {
             return Err(CudaError::Invalid(format!(
@@ -159,8 +202,17 @@ impl Gpu {
                 bytes.len()
             )));
         }
-        let padded = need.div_ceil(16) * 16;
-        let w = self.alloc_filled::<u8>(padded.max(16), 0)?;
+        let repacked;
+        let bytes = match ty {
+            QType::Q8_0 => {
+                repacked = repack_q8_0(rows, cols, bytes);
+                &repacked[..]
+            }
+            QType::Q4K => bytes,
+        };
+        // 16 bytes past the end at least: the grouped GEMM copies scale words in 8-byte pairs.
+        let padded = need.div_ceil(16) * 16 + 16;
+        let w = self.alloc_filled::<u8>(padded, 0)?;
         if need > 0 {
             // SAFETY: w holds at least `need` bytes.
             unsafe {
@@ -168,94 +220,146 @@ impl Gpu {
             }
             .map_err(|e| CudaError::driver("copy of quantized weights to the device", e))?;
         }
-        Ok(QMat { ty, rows, cols, w })
+        let ptr = self.upload(&[w.ptr()])?;
+        Ok(QMat {
+            ty,
+            rows,
+            cols,
+            w,
+            ptr,
+        })
     }
 
-    /// out[m, r] (+)= W[r, :] . x[m, :] for m < `m` <= 8; x bf16 [m, cols] (16-byte aligned),
-    /// out f32 [m, rows]. `accumulate` adds to out instead of overwriting it.
-    pub fn qgemv(&self, w: &QMat, m: usize, x: u64, out: u64, accumulate: bool) -> Result<()> {
-        let v = QgemvVariant::for_m(m).ok_or_else(|| {
-            CudaError::Invalid(format!("qgemv takes 1..={QGEMV_MAX_M} vectors, got {m}"))
-        })?;
-        let ks = v.default_ksplit(w.ty, w.rows, w.cols);
-        self.qgemv_variant(w, m, x, out, accumulate, v, ks, None)
+    /// x bf16 [m, k] (k % 32 == 0) quantized to int8 per 32 values.
+    pub fn quantize_x(&self, x: u64, m: usize, k: usize) -> Result<QuantX> {
+        if k % 32 != 0 {
+            return Err(CudaError::Invalid(format!(
+                "quantize_x: k = {k} is not a multiple of 32"
+            )));
+        }
+        let blocks = m * k / 32;
+        let qx = QuantX {
+            m,
+            k,
+            q: self.alloc(m * k)?,
+            d: self.alloc(blocks)?,
+            s: self.alloc(blocks)?,
+        };
+        if blocks > 0 {
+            let grid = blocks.div_ceil(256).min(65_535) as u32;
+            let (q, d, s, b) = (qx.q.ptr(), qx.d.ptr(), qx.s.ptr(), blocks as i64);
+            self.launch(
+                "q8_quantize_x",
+                Gpu::cfg((grid, 1, 1), 256),
+                &args![x, b, q, d, s],
+            )?;
+        }
+        Ok(qx)
     }
 
-    /// [`Gpu::qgemv`] with an explicit kernel and K split (the lab sweeps these), and an
-    /// optional cap on the grid (tests use it to make each CTA walk several items).
-    #[allow(clippy::too_many_arguments)]
-    pub fn qgemv_variant(
+    /// out[v, r] (+)= W[r, :] . x[row0 + v, :] for v < m (1..=4) of x bf16 [*, cols]
+    /// (quantized per 32 values inside the kernel); out f32 [m, rows]. `accumulate` adds.
+    pub fn qmv(
         &self,
         w: &QMat,
-        m: usize,
         x: u64,
+        row0: usize,
+        m: usize,
         out: u64,
         accumulate: bool,
-        v: QgemvVariant,
-        ksplit: usize,
+    ) -> Result<()> {
+        let v = QmvVariant::for_m(m, w.rows).ok_or_else(|| {
+            CudaError::Invalid(format!(
+                "qmv takes 1..={} vectors, got {m}",
+                QmvVariant::MAX_M
+            ))
+        })?;
+        self.qmv_variant(w, x, row0, m, out, accumulate, v, None)
+    }
+
+    /// [`Gpu::qmv`] with an explicit kernel and an optional cap on the persistent grid (the
+    /// lab and the op table sweep these; a small cap makes each warp walk many row groups).
+    #[allow(clippy::too_many_arguments)]
+    pub fn qmv_variant(
+        &self,
+        w: &QMat,
+        x: u64,
+        row0: usize,
+        m: usize,
+        out: u64,
+        accumulate: bool,
+        v: QmvVariant,
         grid_cap: Option<usize>,
     ) -> Result<()> {
+        self.qmv_check(w.ty, w.rows, w.cols)?;
         if m == 0 || w.rows == 0 {
             return Ok(());
         }
-        if m > v.mt || !matches!(ksplit, 1 | 2 | 4 | 8) {
+        if m > v.mt || v.smem(w.cols) > self.max_smem_per_block {
             return Err(CudaError::Invalid(format!(
-                "qgemv kernel {v:?} with {m} vectors and ksplit {ksplit}"
+                "qmv kernel {v:?} with {m} vectors of width {}: {} bytes of shared memory \
+                 (at most {})",
+                w.cols,
+                v.smem(w.cols),
+                self.max_smem_per_block
             )));
         }
-        if x % 16 != 0 || w.w.bytes() < w.bytes().div_ceil(16) * 16 {
-            return Err(CudaError::Invalid(
-                "qgemv: x must be 16-byte aligned and the weights padded to 16 bytes".into(),
-            ));
-        }
-        if w.rows > i32::MAX as usize || w.cols > i32::MAX as usize {
-            return Err(CudaError::Invalid(format!(
-                "qgemv shape [{} x {}] past the kernel's i32 indices",
-                w.rows, w.cols
-            )));
-        }
-        let (rows, k, m32, ks, acc) = (
-            w.rows as i32,
-            w.cols as i32,
-            m as i32,
-            ksplit as i32,
-            accumulate as i32,
-        );
-        let wp = w.w.ptr();
+        let (rows, k, acc) = (w.rows as i32, w.cols as i32, accumulate as i32);
+        let (xr, m32) = (row0 as i32, m as i32);
+        let (w0, null, zero) = (w.w.ptr(), 0u64, 0i32);
         let name = v.kernel(w.ty);
-        // Persistent grid: no more CTAs than fit on the GPU at once (each walks its items).
+        let smem = v.smem(w.cols);
         let grid = v
-            .ctas(w.rows, ksplit)
-            .min(self.resident_ctas(&name)?)
-            .min(grid_cap.unwrap_or(usize::MAX).max(1));
+            .blocks(w.rows)
+            .min(self.resident_ctas(&name, smem)?)
+            .min(grid_cap.unwrap_or(usize::MAX))
+            .max(1);
+        let cfg = LaunchConfig {
+            grid_dim: (grid as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
         self.launch(
             &name,
-            Gpu::cfg((grid as u32, 1, 1), 256),
-            &args![wp, x, out, rows, k, m32, ks, acc],
+            cfg,
+            &args![null, w0, zero, zero, null, x, xr, rows, k, m32, acc, out],
         )
     }
 
-    /// CTAs of 256 threads of kernel `name` resident on the whole GPU at once (cached).
-    fn resident_ctas(&self, name: &str) -> Result<usize> {
+    fn qmv_check(&self, ty: QType, rows: usize, k: usize) -> Result<()> {
+        if k % ty.block_values() != 0 || k > QMV_MAX_K || rows > i32::MAX as usize {
+            return Err(CudaError::Invalid(format!(
+                "qmv: {ty:?} [{rows} x {k}]: K must be a multiple of {} and at most {QMV_MAX_K}",
+                ty.block_values()
+            )));
+        }
+        Ok(())
+    }
+
+    /// CTAs of 256 threads of kernel `name` with `smem` bytes of dynamic shared memory
+    /// resident on the whole GPU at once (cached).
+    fn resident_ctas(&self, name: &str, smem: usize) -> Result<usize> {
         use std::collections::HashMap;
         use std::sync::{Mutex, OnceLock};
-        static CACHE: OnceLock<Mutex<HashMap<(usize, String), usize>>> = OnceLock::new();
+        type Key = (usize, String, usize);
+        static CACHE: OnceLock<Mutex<HashMap<Key, usize>>> = OnceLock::new();
         let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-        let key = (self.ordinal, name.to_string());
+        let key = (self.ordinal, name.to_string(), smem);
         if let Some(&n) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(n);
         }
+        if smem > 48 << 10 {
+            let name: &'static str = crate::kernels::NAMES
+                .iter()
+                .find(|n| **n == name)
+                .ok_or_else(|| CudaError::Invalid(format!("no kernel {name}")))?;
+            self.raise_smem(name, self.max_smem_per_block)?;
+        }
         let per_sm = self
             .func(name)?
-            .occupancy_max_active_blocks_per_multiprocessor(256, 0, None)
+            .occupancy_max_active_blocks_per_multiprocessor(256, smem, None)
             .map_err(|e| CudaError::driver(format!("occupancy of {name}"), e))?;
-        let sms = self
-            .ctx
-            .attribute(
-                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-            )
-            .map_err(|e| CudaError::driver("multiprocessor count", e))?;
-        let n = (per_sm.max(1) as usize) * (sms.max(1) as usize);
+        let n = (per_sm.max(1) as usize) * self.sm_count.max(1);
         cache
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -263,35 +367,156 @@ impl Gpu {
         Ok(n)
     }
 
-    /// out [rows, cols] bf16 = the dequantized rows of `w` (16-byte aligned `out`).
-    pub fn dequant_bf16(&self, w: &QMat, out: u64) -> Result<()> {
-        if out % 16 != 0 {
-            return Err(CudaError::Invalid(
-                "dequant_bf16: out must be 16-byte aligned".into(),
-            ));
+    /// Expert GEMV over pairs: out[p, :rows] = W_{ids[p]} . x[p / x_div, :] for every pair p,
+    /// x bf16 [*, k]; `w_ptrs` [held] pointers to [rows, k] matrices of `ty` (index
+    /// ids[p] - first; a pair whose expert is not held, or has a null pointer, gets zeros).
+    #[allow(clippy::too_many_arguments)]
+    pub fn qmv_pairs(
+        &self,
+        ty: QType,
+        pairs: usize,
+        w_ptrs: u64,
+        first: usize,
+        held: usize,
+        ids: u64,
+        x: u64,
+        k: usize,
+        x_div: usize,
+        rows: usize,
+        out: u64,
+    ) -> Result<()> {
+        self.qmv_check(ty, rows, k)?;
+        if pairs == 0 || rows == 0 {
+            return Ok(());
         }
-        let (name, threads) = match w.ty {
-            QType::Q8_0 => ("dequant_q8_0_bf16", w.rows * (w.cols / 32)),
-            QType::Q4K => ("dequant_q4_k_bf16", w.rows * (w.cols / 256) * 8),
+        if pairs > 65_535 || x_div == 0 {
+            return Err(CudaError::Invalid(format!(
+                "qmv_pairs: {pairs} pairs (at most 65,535), x_div {x_div}"
+            )));
+        }
+        let v = QmvVariant::PAIRS;
+        let name = v.kernel(ty);
+        let smem = v.smem(k);
+        // Persistent over row groups, the pairs side by side.
+        let grid = v
+            .blocks(rows)
+            .min(self.resident_ctas(&name, smem)?.div_ceil(pairs))
+            .max(1);
+        let cfg = LaunchConfig {
+            grid_dim: (grid as u32, pairs as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: smem as u32,
         };
-        let grid = threads.div_ceil(256).clamp(1, 65_535) as u32;
-        let (wp, rows, k) = (w.w.ptr(), w.rows as i32, w.cols as i32);
-        self.launch(name, Gpu::cfg((grid, 1, 1), 256), &args![wp, out, rows, k])
+        let (f, h, xd) = (first as i32, held as i32, x_div as i32);
+        let (r32, k32, zero, one) = (rows as i32, k as i32, 0i32, 1i32);
+        self.launch(
+            &name,
+            cfg,
+            &args![w_ptrs, 0u64, f, h, ids, x, xd, r32, k32, one, zero, out],
+        )
     }
 
-    /// out[M, rows] (+)= x[M, cols] . W^T for any M: the GEMV up to [`QGEMV_MAX_M`] rows of x,
-    /// else W dequantized to a bf16 scratch (step arena inside a step) and one cuBLAS GEMM.
+    /// out [rows, cols] bf16 = the dequantized rows of `w` (16-byte aligned `out`).
+    pub fn dequant_bf16(&self, w: &QMat, out: u64) -> Result<()> {
+        self.dequant_rows_bf16(w, 0, w.rows, out)
+    }
+
+    /// out [n, cols] bf16 = rows r0 .. r0 + n of `w`, dequantized (16-byte aligned `out`).
+    pub fn dequant_rows_bf16(&self, w: &QMat, r0: usize, n: usize, out: u64) -> Result<()> {
+        if out % 16 != 0 || r0 + n > w.rows {
+            return Err(CudaError::Invalid(format!(
+                "dequant_rows_bf16: rows {r0}..{} of {} into {out:#x} (16-byte aligned)",
+                r0 + n,
+                w.rows
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let (k, n32) = (w.cols as i32, n as i32);
+        match w.ty {
+            QType::Q8_0 => {
+                let q = w.w.ptr() + (r0 * w.cols) as u64;
+                let d = w.w.ptr() + (w.rows * w.cols + r0 * (w.cols / 32) * 2) as u64;
+                let grid = (n * w.cols / 16).div_ceil(256).clamp(1, 65_535) as u32;
+                self.launch(
+                    "dequant_q8_0_bf16",
+                    Gpu::cfg((grid, 1, 1), 256),
+                    &args![q, d, out, n32, k],
+                )
+            }
+            QType::Q4K => {
+                let wp = w.w.ptr() + (r0 * w.ty.row_bytes(w.cols)) as u64;
+                let grid = (n * (w.cols / 256) * 8).div_ceil(256).clamp(1, 65_535) as u32;
+                self.launch(
+                    "dequant_q4_k_bf16",
+                    Gpu::cfg((grid, 1, 1), 256),
+                    &args![wp, out, n32, k],
+                )
+            }
+        }
+    }
+
+    /// out[M, rows] (+)= x[M, cols] . W^T for any M, x bf16 [M, cols]: M = 1 as the int8 GEMV
+    /// over x quantized per 32 values; up to [`QGEMM_TC_MAX_M`] (sm_80+) the tensor-core
+    /// kernel dequantizing weight tiles in shared memory; else W dequantized in row chunks
+    /// to a bf16 scratch (reserved, or the step arena) and cuBLAS.
     pub fn qgemm(&self, w: &QMat, m: usize, x: u64, out: u64, accumulate: bool) -> Result<()> {
         if m == 0 {
             return Ok(());
         }
-        if m <= QGEMV_MAX_M {
-            return self.qgemv(w, m, x, out, accumulate);
+        let tc = self.has_flash_attn();
+        let fits = |m: usize| {
+            w.cols <= QMV_MAX_K
+                && QmvVariant::for_m(m.min(QmvVariant::MAX_M), w.rows)
+                    .is_some_and(|v| v.smem(w.cols) <= self.max_smem_per_block)
+        };
+        if fits(m) && (m <= QmvVariant::MAX_M || (!tc && m <= 8)) {
+            for r0 in (0..m).step_by(QmvVariant::MAX_M) {
+                let n = (m - r0).min(QmvVariant::MAX_M);
+                self.qmv(w, x, r0, n, out + (r0 * w.rows * 4) as u64, accumulate)?;
+            }
+            return Ok(());
         }
-        let scratch = self.alloc::<u16>(w.rows * w.cols)?;
-        self.dequant_bf16(w, scratch.ptr())?;
-        let g = Gemm::plain(GemmType::Bf16, m, w.rows, w.cols, x, scratch.ptr(), out);
-        self.gemm(&if accumulate { g.accumulate() } else { g })
+        if m <= QGEMM_TC_MAX_M && self.has_flash_attn() {
+            return self.qgemm_tc(w, m, x, out, accumulate);
+        }
+        // Row chunks of at most DEQUANT_CHUNK elements through the reserved scratch (one
+        // stream orders the reuse), or through the step arena before it is reserved.
+        let chunk_rows = (DEQUANT_CHUNK / w.cols).max(1).min(w.rows);
+        let tmp;
+        let scratch = match self.dequant_scratch.get() {
+            Some(s) if s.len() >= chunk_rows * w.cols => s.ptr(),
+            _ => {
+                tmp = self.alloc::<u16>(chunk_rows * w.cols)?;
+                tmp.ptr()
+            }
+        };
+        for r0 in (0..w.rows).step_by(chunk_rows) {
+            let n = (w.rows - r0).min(chunk_rows);
+            self.dequant_rows_bf16(w, r0, n, scratch)?;
+            let mut g = Gemm::plain(
+                GemmType::Bf16,
+                m,
+                n,
+                w.cols,
+                x,
+                scratch,
+                out + 4 * r0 as u64,
+            );
+            g.ldo = w.rows;
+            self.gemm(&if accumulate { g.accumulate() } else { g })?;
+        }
+        Ok(())
+    }
+
+    /// Reserves the scratch of [`Gpu::qgemm`] (call before capturing graphs; idempotent).
+    pub fn reserve_dequant_scratch(&self) -> Result<()> {
+        if self.dequant_scratch.get().is_none() {
+            let s = self.alloc_persistent::<u16>(DEQUANT_CHUNK)?;
+            let _ = self.dequant_scratch.set(s);
+        }
+        Ok(())
     }
 }
 
@@ -302,36 +527,49 @@ mod tests {
     #[test]
     fn every_variant_is_a_loaded_kernel() {
         for ty in [QType::Q8_0, QType::Q4K] {
-            for v in QgemvVariant::ALL {
+            for v in QmvVariant::ALL {
                 let name = v.kernel(ty);
                 assert!(crate::kernels::NAMES.contains(&name.as_str()), "{name}");
+                let ty_macro = if ty == QType::Q8_0 {
+                    "QT_Q8_0"
+                } else {
+                    "QT_Q4_K"
+                };
+                let entry = format!("QMV_ENTRY({}, {ty_macro}, {}, {}, ", ty.tag(), v.r, v.mt);
                 assert!(
-                    crate::kernels::SOURCE.contains(&format!("({}, {}, {})", ty.tag(), v.mt, v.r)),
-                    "{name} not instantiated"
-                );
-            }
-            for m in 1..=QGEMV_MAX_M {
-                let v = QgemvVariant::for_m(m).unwrap();
-                assert!(
-                    v.mt >= m && QgemvVariant::ALL.contains(&v),
-                    "m {m} -> {v:?}"
+                    crate::kernels::SOURCE.contains(&entry),
+                    "{entry} not instantiated"
                 );
             }
         }
-        assert!(QgemvVariant::for_m(0).is_none() && QgemvVariant::for_m(9).is_none());
+        for rows in [1, 4095, 4096, 1 << 20] {
+            for m in 1..=QmvVariant::MAX_M {
+                let v = QmvVariant::for_m(m, rows).unwrap();
+                assert!(
+                    QmvVariant::ALL.contains(&v) && v.mt >= m,
+                    "{m} {rows}: {v:?}"
+                );
+            }
+            assert!(QmvVariant::for_m(0, rows).is_none() && QmvVariant::for_m(5, rows).is_none());
+        }
+        assert!(QmvVariant::ALL.contains(&QmvVariant::PAIRS));
     }
 
     #[test]
-    fn ksplit_fills_the_gpu_without_starving_warps() {
-        let v = QgemvVariant { mt: 1, r: 2 };
-        // Many rows: no split needed.
-        assert_eq!(v.default_ksplit(QType::Q4K, 18432, 7168), 1);
-        // Few long rows: split while CTAs are short of 1024 and warps keep two chunks
-        // (11 chunks of K = 10944: 4 warps of ~3 chunks each, 512 CTAs).
-        assert_eq!(v.default_ksplit(QType::Q8_0, 2048, 10944), 4);
-        assert_eq!(v.default_ksplit(QType::Q4K, 7168, 18432), 4);
-        // Short rows: every warp keeps at least two 1024-value chunks.
-        assert_eq!(v.default_ksplit(QType::Q8_0, 64, 2048), 1);
-        assert_eq!(v.default_ksplit(QType::Q8_0, 64, 4096), 2);
+    fn q8_0_repack_splits_quants_and_scales() {
+        // 2 rows x 64 columns: 4 blocks, scale bytes (i, 0x3c), quants 10 * i + j.
+        let mut blocks = Vec::new();
+        for i in 0..4u8 {
+            blocks.extend_from_slice(&[i, 0x3c]);
+            blocks.extend((0..32u8).map(|j| 10 * i + j));
+        }
+        let r = repack_q8_0(2, 64, &blocks);
+        assert_eq!(r.len(), 4 * 34);
+        for i in 0..4usize {
+            for j in 0..32usize {
+                assert_eq!(r[32 * i + j], (10 * i + j) as u8);
+            }
+            assert_eq!(&r[128 + 2 * i..130 + 2 * i], &[i as u8, 0x3c]);
+        }
     }
 }

@@ -1318,6 +1318,7 @@ fn moe_grouped(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             let x_div = if gather { k } else { 1 };
             gpu.moe_gemm(
                 &sorted,
+                None,
                 pd.ptr(),
                 xsd.ptr(),
                 x_div,
@@ -1353,16 +1354,25 @@ fn moe_grouped(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     }
 }
 
-/// Quantized weights kept compressed (`mlaserve_cuda::qgemv`): random weights quantized on the
-/// host with the crate's own quantizers; the GEMV (every kernel variant and K split, default
-/// dispatch at M = 1, 4, 8, accumulate) against the CPU dequantization times bf16-rounded x in
-/// f64 (bound 1e-4: only f32 summation order differs); M > 8 through dequantize + cuBLAS
-/// against bf16-rounded dequantized weights; the dequantize kernel bit-exact against the CPU
-/// dequantizer rounded to bf16. Odd Q8_0 widths put rows at 2-, 4- and 8-byte alignment and
-/// leave partial chunks; odd Q4_K widths leave partial warp steps.
+/// Quantized weights kept compressed (`mlaserve_cuda::qgemv`), random weights quantized on the
+/// host with the crate's own quantizers:
+/// - x quantized to int8 per 32 values: exactly the host's rule (d = amax / 127,
+///   q = round(x / d)), bit for bit;
+/// - the int8 GEMV at M = 1 .. 4 (every kernel variant, persistent grids capped to 1 and 7
+///   CTAs, accumulate) against the CPU dequantization times the quantized x in f64 (bound 1e-4:
+///   only f32 summation order differs), and against the unquantized x (bound 2e-2: what
+///   quantizing x costs);
+/// - the expert GEMV over pairs (a missing expert pointer, an expert not held);
+/// - M = 5 .. 64 on the tensor-core kernel (dense mode, accumulate) and M = 80 through
+///   dequantize + cuBLAS, against the bf16-rounded dequantized weights in f64; the
+///   dequantize kernel bit-exact against the CPU dequantizer rounded to bf16;
+/// - the grouped expert GEMM dequantizing tiles in shared memory: bit-identical to the bf16
+///   grouped GEMM over the dequantized weights.
+///
+/// Q8_0 widths 2080 and 1408 leave partial warp steps; Q4_K 1280 a partial super-block step.
 fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
-    use mlaserve_backend::{GgmlType, QMatrix};
-    use mlaserve_cuda::qgemv::{QType, QgemvVariant};
+    use mlaserve_backend::QMatrix;
+    use mlaserve_cuda::qgemv::{QType, QmvVariant};
     use rayon::prelude::*;
     // (type, rows, k, sweep every variant)
     let cases = [
@@ -1371,87 +1381,167 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         (QType::Q8_0, 300, 1408, false),
         (QType::Q8_0, 1024, 7168, false),
         (QType::Q8_0, 2048, 10944, false),
-        (QType::Q8_0, 4096, 2048, false),
         (QType::Q4K, 576, 2048, true),
         (QType::Q4K, 200, 1280, true),
         (QType::Q4K, 1024, 7168, false),
-        (QType::Q4K, 4096, 2048, false),
     ];
-    let mut ksplit_i = 0usize;
     for &(ty, rows, k, sweep) in &cases {
-        let ggml = if ty == QType::Q8_0 {
-            GgmlType::Q8_0
-        } else {
-            GgmlType::Q4_K
-        };
+        let ggml = ty.ggml();
         let qm = QMatrix::quantize_from_f32(ggml, rows, k, &rng.vec(rows * k, 0.05)).unwrap();
         let wf = qm.to_f32();
         let wd = gpu.upload_qmat(ty, rows, k, qm.data()).unwrap();
-        let mmax = 16usize;
+        let mmax = 80usize;
         let x = round_bf(&rng.vec(mmax * k, 1.0));
-        let xd = gpu
+        let xb = gpu
             .upload(&x.iter().map(|&v| bf(v)).collect::<Vec<_>>())
             .unwrap();
-        // want[m * rows + r] = sum_k wf[r, k] x[m, k] in f64
-        let want: Vec<f32> = (0..mmax * rows)
-            .into_par_iter()
-            .map(|i| {
-                let (m, r) = (i / rows, i % rows);
-                let (wr, xr) = (&wf[r * k..(r + 1) * k], &x[m * k..(m + 1) * k]);
-                wr.iter()
-                    .zip(xr)
-                    .map(|(&a, &b)| a as f64 * b as f64)
-                    .sum::<f64>() as f32
-            })
-            .collect();
+        // x quantized on the host by the kernel's rule.
+        let (xq, xdq): (Vec<i8>, Vec<f32>) = {
+            let mut q = vec![0i8; mmax * k];
+            let mut d = vec![0f32; mmax * k / 32];
+            for (b, blk) in x.chunks(32).enumerate() {
+                let amax = blk.iter().fold(0f32, |a, &v| a.max(v.abs()));
+                let db = amax / 127.0;
+                let id = if db > 0.0 { 1.0 / db } else { 0.0 };
+                for (j, &v) in blk.iter().enumerate() {
+                    q[b * 32 + j] = (v * id).round() as i8;
+                }
+                d[b] = db;
+            }
+            (q, d)
+        };
+        let qx = gpu.quantize_x(xb.ptr(), mmax, k).unwrap();
+        let gq = gpu.to_host(&qx.q).unwrap();
+        let gd = gpu.to_host(&qx.d).unwrap();
+        let mism = gq.iter().zip(&xq).filter(|(a, b)| a != b).count()
+            + gd.iter()
+                .zip(&xdq)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+        rep.check(
+            "quantize_x",
+            format!("[{mmax} x {k}]"),
+            "bf16>i8",
+            mism as f64,
+            0.0,
+        );
+        // In f64: `want` over the quantized x (first 8 vectors), `want_x` over x itself, and
+        // `want_bf` over the weights rounded to bf16 (what the tensor-core path multiplies).
+        let wr = round_bf(&wf);
+        let dot = |mm: usize, w: &[f32], xv: &(dyn Fn(usize) -> f64 + Sync)| -> Vec<f32> {
+            (0..mm * rows)
+                .into_par_iter()
+                .map(|i| {
+                    let (m, r) = (i / rows, i % rows);
+                    (0..k)
+                        .map(|c| w[r * k + c] as f64 * xv(m * k + c))
+                        .sum::<f64>() as f32
+                })
+                .collect()
+        };
+        let want = dot(8, &wf, &|i| xq[i] as f64 * xdq[i / 32] as f64);
+        let want_x = dot(8, &wf, &|i| x[i] as f64);
+        let want_bf = dot(mmax, &wr, &|i| x[i] as f64);
         let shape = |m: usize| format!("{ty:?} [{rows} x {k}] M{m}");
-        // v: a named kernel, its K split and an optional grid cap (a cap of 1 or 7 CTAs makes
-        // each CTA walk several rows of the persistent grid); None: the default dispatch.
-        let mut run = |v: Option<(QgemvVariant, usize, Option<usize>)>, m: usize, acc: bool| {
+        // out (poisoned, or random when accumulating) after `f`, against `want` (+ base).
+        let mut run = |m: usize, acc: bool, want: &[f32], f: &dyn Fn(u64)| -> f64 {
             let out = poisoned::<f32>(gpu, m * rows);
             let base = rng.vec(m * rows, 1.0);
             if acc {
                 gpu.write(&out, 0, &base).unwrap();
             }
-            match v {
-                Some((v, ks, cap)) => {
-                    gpu.qgemv_variant(&wd, m, xd.ptr(), out.ptr(), acc, v, ks, cap)
-                }
-                None => gpu.qgemv(&wd, m, xd.ptr(), out.ptr(), acc),
-            }
-            .unwrap();
+            f(out.ptr());
             let mut w = want[..m * rows].to_vec();
             if acc {
                 w.iter_mut().zip(&base).for_each(|(a, b)| *a += b);
             }
             rel_err(&gpu.to_host(&out).unwrap(), &w)
         };
+        // The GEMV: every variant with mt and mt - 1 vectors from vector 0, and one vector at
+        // vector 5 with a capped persistent grid (each warp walks many row groups).
         if sweep {
-            for v in QgemvVariant::ALL {
-                for m in [v.mt, v.mt.saturating_sub(1).max(1)] {
-                    let ks = [1usize, 2, 4, 8][ksplit_i % 4];
-                    let cap = [None, Some(1), Some(7)][ksplit_i % 3];
-                    ksplit_i += 1;
-                    let err = run(Some((v, ks, cap)), m, false);
-                    rep.check(
-                        "qgemv",
-                        format!("{} m{}r{} ks{ks} cap{cap:?}", shape(m), v.mt, v.r),
-                        "q>f32",
-                        err,
-                        1e-4,
-                    );
-                    if m == 1 {
-                        break;
-                    }
+            for v in QmvVariant::ALL {
+                let mut cases = vec![(0usize, v.mt, None), (5, 1, Some(1usize)), (5, 1, Some(7))];
+                if v.mt > 1 {
+                    cases.push((0, v.mt - 1, None));
+                }
+                for (row, m, cap) in cases {
+                    let wv = &want[row * rows..(row + m) * rows];
+                    let err = run(m, false, wv, &|o| {
+                        gpu.qmv_variant(&wd, xb.ptr(), row, m, o, false, v, cap)
+                            .unwrap()
+                    });
+                    let name = format!("{} r{}m{} x{row} cap{cap:?}", shape(m), v.r, v.mt);
+                    rep.check("qmv", name, "q*i8>f32", err, 1e-4);
                 }
             }
         }
-        for m in [1usize, 4, 8] {
-            let err = run(None, m, false);
-            rep.check("qgemv", shape(m), "q>f32", err, 1e-4);
+        for m in 1..=4usize {
+            let err = run(m, false, &want, &|o| {
+                gpu.qgemm(&wd, m, xb.ptr(), o, false).unwrap()
+            });
+            rep.check("qgemm int8", shape(m), "q*i8>f32", err, 1e-4);
         }
-        let err = run(None, 3, true);
-        rep.check("qgemv accumulate", shape(3), "q>f32", err, 1e-4);
+        let err = run(1, false, &want_x, &|o| {
+            gpu.qgemm(&wd, 1, xb.ptr(), o, false).unwrap()
+        });
+        rep.check("qgemm int8 vs x", shape(1), "q*bf16>f32", err, 2e-2);
+        for m in [1usize, 3] {
+            let err = run(m, true, &want, &|o| {
+                gpu.qgemm(&wd, m, xb.ptr(), o, true).unwrap()
+            });
+            rep.check("qgemm accumulate", shape(m), "q*i8>f32", err, 1e-4);
+        }
+        // M = 5 .. 64: the tensor-core kernel (16- and 64-row tiles, partial ones);
+        // M = 80: dequantize + cuBLAS. Both over the bf16-rounded weights.
+        if gpu.has_flash_attn() {
+            for (m, acc) in [
+                (5usize, false),
+                (13, true),
+                (16, false),
+                (40, false),
+                (64, true),
+            ] {
+                let err = run(m, acc, &want_bf, &|o| {
+                    gpu.qgemm(&wd, m, xb.ptr(), o, acc).unwrap()
+                });
+                rep.check("qgemm tensor core", shape(m), "q>bf16>f32", err, 1e-4);
+            }
+        }
+        let err = run(mmax, false, &want_bf, &|o| {
+            gpu.qgemm(&wd, mmax, xb.ptr(), o, false).unwrap()
+        });
+        rep.check("qgemm dequant+gemm", shape(mmax), "q>bf16>f32", err, 1e-4);
+        // Expert GEMV over pairs: three experts (the second without weights), pairs routed to
+        // experts 0..4 with `first` = 1, so ids 0 and 4 are not held; x row = pair / 2.
+        let w2 = gpu.upload_qmat(ty, rows, k, qm.data()).unwrap();
+        let ptrs = gpu.upload(&[wd.w.ptr(), 0, w2.w.ptr()]).unwrap();
+        let ids: Vec<i32> = (0..10).map(|p| p % 5).collect();
+        let idd = gpu.upload(&ids).unwrap();
+        let out = poisoned::<f32>(gpu, ids.len() * rows);
+        gpu.qmv_pairs(
+            ty,
+            ids.len(),
+            ptrs.ptr(),
+            1,
+            3,
+            idd.ptr(),
+            xb.ptr(),
+            k,
+            2,
+            rows,
+            out.ptr(),
+        )
+        .unwrap();
+        let mut wp = vec![0f32; ids.len() * rows];
+        for (p, &id) in ids.iter().enumerate() {
+            if id == 1 || id == 3 {
+                let src = p / 2;
+                wp[p * rows..(p + 1) * rows].copy_from_slice(&want[src * rows..(src + 1) * rows]);
+            }
+        }
+        let err = rel_err(&gpu.to_host(&out).unwrap(), &wp);
+        rep.check("qmv_pairs", shape(1), "q*i8>f32", err, 1e-4);
         // The dequantize kernel, bit-exact against the CPU's values rounded to bf16.
         let deq = poisoned::<u16>(gpu, rows * k);
         gpu.dequant_bf16(&wd, deq.ptr()).unwrap();
@@ -1465,18 +1555,47 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             mism as f64,
             0.0,
         );
-        // M > 8: dequantize to a bf16 scratch + cuBLAS; reference over the bf16 weights.
-        let m = 13;
-        let out = poisoned::<f32>(gpu, m * rows);
-        gpu.qgemm(&wd, m, xd.ptr(), out.ptr(), false).unwrap();
-        let wr = round_bf(&wf);
-        let want13 = gemm_ref(&x[..m * k], &wr, m, rows, k);
-        rep.check(
-            "qgemm dequant+gemm",
-            shape(m),
-            "q>bf16>f32",
-            rel_err(&gpu.to_host(&out).unwrap(), &want13),
-            1e-4,
-        );
+        // Grouped expert GEMM over quantized experts == over their bf16 dequantization.
+        if gpu.has_flash_attn() {
+            for t in [7usize, 300] {
+                let (kk, held) = (2usize, 3usize);
+                let ids: Vec<i32> = (0..t * kk).map(|_| rng.below(held) as i32).collect();
+                let idd = gpu.upload(&ids).unwrap();
+                let sorted = gpu.moe_sort(t * kk, idd.ptr(), 0, held).unwrap();
+                let qptrs = gpu.upload(&[wd.w.ptr(), w2.w.ptr(), wd.w.ptr()]).unwrap();
+                let bptrs = gpu.upload(&[deq.ptr(), deq.ptr(), deq.ptr()]).unwrap();
+                let xt: Vec<u16> = rng.vec(t * k, 1.0).iter().map(|&v| bf(v)).collect();
+                let xs = gpu.upload(&xt).unwrap();
+                let mut outs = Vec::new();
+                for (wty, p) in [(Some(ty), &qptrs), (None, &bptrs)] {
+                    let out = poisoned::<f32>(gpu, t * kk * rows);
+                    gpu.moe_gemm(
+                        &sorted,
+                        wty,
+                        p.ptr(),
+                        xs.ptr(),
+                        kk,
+                        true,
+                        rows,
+                        k,
+                        out.ptr(),
+                    )
+                    .unwrap();
+                    outs.push(gpu.to_host(&out).unwrap());
+                }
+                let mism = outs[0]
+                    .iter()
+                    .zip(&outs[1])
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                rep.check(
+                    "moe_gemm quantized",
+                    format!("{ty:?} [{rows} x {k}] pairs{}", t * kk),
+                    "q>bf16>f32",
+                    mism as f64,
+                    0.0,
+                );
+            }
+        }
     }
 }

@@ -10,11 +10,12 @@
 //! The first two read nothing back to the host, so decode steps using them can be graphed.
 //! Shared experts are added once after any of them.
 
-use super::{gemm_bf16, CudaExecutor};
+use super::{linear, CudaExecutor};
 use crate::error::{CudaError, Result};
 use crate::gpu::{DBuf, Gpu};
 use crate::moe_grouped::MOE_SORT_MAX_PAIRS;
 use crate::ops::{Gemm, GemmType, RouteCfg};
+use crate::qgemv::QType;
 use crate::weights::GMoe;
 use mlaserve_model::layers::ffn::route;
 use mlaserve_model::{ModelConfig, MoeConfig};
@@ -29,7 +30,11 @@ const MOE_GROUPED_MAX_TOKENS: usize = 4096;
 /// GEMV's 16-byte loads and the routing kernel's shared arrays; other shapes gather + GEMM.
 pub(super) fn moe_gemv_ok(m: &GMoe, cfg: &ModelConfig) -> bool {
     let groups = cfg.moe.as_ref().map_or(1, |mc| mc.n_group);
+    let quantized_k_ok =
+        |ty: Option<crate::qgemv::QType>, k: usize| ty.is_none() || k <= crate::qgemv::QMV_MAX_K;
     !m.experts.is_empty()
+        && quantized_k_ok(m.gate_up_ty, cfg.hidden_size)
+        && quantized_k_ok(m.down_ty, m.experts[0].f)
         && cfg.hidden_size % 8 == 0
         && m.experts[0].f % 8 == 0
         && m.num_experts <= 1024
@@ -146,14 +151,14 @@ impl CudaExecutor {
         let gu = gpu.alloc::<f32>(rows * 2 * f)?;
         for &(ei, r0, r1) in &ranges {
             let g = &m.experts[ei - m.first_expert].gate_up;
-            gemm_bf16(gpu, r1 - r0, xe.at(r0 * h), g, gu.at(r0 * 2 * f), false)?;
+            linear(gpu, r1 - r0, xe.at(r0 * h), g, gu.at(r0 * 2 * f), false)?;
         }
         let act = gpu.alloc::<u16>(rows * f)?;
         gpu.silu_mul(gu.ptr(), act.ptr(), f, rows)?;
         let ye = gpu.alloc::<f32>(rows * h)?;
         for &(ei, r0, r1) in &ranges {
             let d = &m.experts[ei - m.first_expert].down;
-            gemm_bf16(gpu, r1 - r0, act.at(r0 * f), d, ye.at(r0 * h), false)?;
+            linear(gpu, r1 - r0, act.at(r0 * f), d, ye.at(r0 * h), false)?;
         }
         let row_d = gpu.upload(&row_of)?;
         let w_d = gpu.upload(&weights)?;
@@ -179,11 +184,21 @@ impl CudaExecutor {
         let sorted = gpu.moe_sort(pairs, ids.ptr(), m.first_expert, m.experts.len())?;
         let gu = gpu.alloc::<f32>(pairs * 2 * f)?;
         let (gate_up, down) = (m.gate_up_ptrs.ptr(), m.down_ptrs.ptr());
-        gpu.moe_gemm(&sorted, gate_up, hnb.ptr(), k, true, 2 * f, h, gu.ptr())?;
+        gpu.moe_gemm(
+            &sorted,
+            m.gate_up_ty,
+            gate_up,
+            hnb.ptr(),
+            k,
+            true,
+            2 * f,
+            h,
+            gu.ptr(),
+        )?;
         let act = gpu.alloc::<u16>(pairs * f)?;
         gpu.silu_mul(gu.ptr(), act.ptr(), f, pairs)?;
         let y = gpu.alloc::<f32>(pairs * h)?;
-        gpu.moe_gemm(&sorted, down, act.ptr(), 1, false, h, f, y.ptr())?;
+        gpu.moe_gemm(&sorted, m.down_ty, down, act.ptr(), 1, false, h, f, y.ptr())?;
         gpu.moe_combine(t, out, y.ptr(), sorted.pos.ptr(), w.ptr(), k, h)?;
         Ok(())
     }
@@ -233,34 +248,51 @@ impl CudaExecutor {
         let pairs = t * k;
         let (ids, w) = self.route_on_gpu(m, mc, t, logits)?;
         let held = m.experts.len();
+        // One expert GEMV launch over all pairs: bf16 weights, or quantized ones against x
+        // quantized to int8 (qgemv.rs). x [*, width] bf16; pair p reads row p / x_div.
+        let gemv = |ty: Option<QType>,
+                    ptrs: u64,
+                    x: u64,
+                    x_div: usize,
+                    width: usize,
+                    rows: usize,
+                    out: u64|
+         -> Result<()> {
+            match ty {
+                None => gpu.moe_gemv(
+                    pairs,
+                    ptrs,
+                    m.first_expert,
+                    held,
+                    ids.ptr(),
+                    x,
+                    x_div,
+                    width,
+                    rows,
+                    out,
+                ),
+                Some(ty) => gpu.qmv_pairs(
+                    ty,
+                    pairs,
+                    ptrs,
+                    m.first_expert,
+                    held,
+                    ids.ptr(),
+                    x,
+                    width,
+                    x_div,
+                    rows,
+                    out,
+                ),
+            }
+        };
         let gu = gpu.alloc::<f32>(pairs * 2 * f)?;
-        gpu.moe_gemv(
-            pairs,
-            m.gate_up_ptrs.ptr(),
-            m.first_expert,
-            held,
-            ids.ptr(),
-            hnb.ptr(),
-            k,
-            h,
-            2 * f,
-            gu.ptr(),
-        )?;
+        let gate_up = m.gate_up_ptrs.ptr();
+        gemv(m.gate_up_ty, gate_up, hnb.ptr(), k, h, 2 * f, gu.ptr())?;
         let act = gpu.alloc::<u16>(pairs * f)?;
         gpu.silu_mul(gu.ptr(), act.ptr(), f, pairs)?;
         let y = gpu.alloc::<f32>(pairs * h)?;
-        gpu.moe_gemv(
-            pairs,
-            m.down_ptrs.ptr(),
-            m.first_expert,
-            held,
-            ids.ptr(),
-            act.ptr(),
-            1,
-            f,
-            h,
-            y.ptr(),
-        )?;
+        gemv(m.down_ty, m.down_ptrs.ptr(), act.ptr(), 1, f, h, y.ptr())?;
         gpu.moe_combine_pairs(t, out, y.ptr(), w.ptr(), k, h)?;
         Ok(())
     }

@@ -109,14 +109,6 @@ __device__ __forceinline__ void moe_raw_load(unsigned dst, const unsigned char* 
     }
 }
 
-// Two f32 -> bf16x2 (lo in the low half), rounded to nearest even: one cvt on sm_80+ (the
-// values are finite dequantized weights; f2bf's NaN handling is not needed).
-__device__ __forceinline__ unsigned bf16x2_rn(float lo, float hi) {
-    unsigned r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
 // Dequantizes a raw stage (`raw`, rows of moe_raw_bytes) into the bf16 tile `b` ([128][ROW]),
 // f32 values rounded to bf16 as the host's upload does: the products then equal the bf16
 // path's bit for bit. Q8_0: thread t does 16 values of rows t/4 + 32j; Q4_K: 32 values
@@ -140,18 +132,7 @@ __device__ __forceinline__ void moe_dequant_stage(const unsigned char* raw, bf16
             // 4-byte aligned (odd row with an odd number of blocks per row).
             const int mis = (int)((((i64)(n0 + rr) * (k >> 5)) & 1) * 2);
             const float d = h2f(*(const unsigned short*)(row + 64 + mis + 2 * (c >> 1)));
-            const uint4 q = *(const uint4*)(row + 16 * c);
-            const unsigned qq[4] = {q.x, q.y, q.z, q.w};
-            unsigned o[8];
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                float f[4];
-                i8x4(qq[u], f);
-                o[2 * u] = bf16x2_rn(f[0] * d, f[1] * d);
-                o[2 * u + 1] = bf16x2_rn(f[2] * d, f[3] * d);
-            }
-            dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
-            dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+            q8_dequant16(*(const uint4*)(row + 16 * c), d, dst);
         }
     } else {
         const int h = (k0 & 255) >> 6, half = tid & 1;
@@ -159,37 +140,8 @@ __device__ __forceinline__ void moe_dequant_stage(const unsigned char* raw, bf16
         for (int j = 0; j < 2; j++) {
             const int rr = (tid >> 1) + 64 * j;
             const unsigned char* row = raw + rr * MOE_RAW_Q4;
-            const uint4 hd = *(const uint4*)row;
-            const uint4 qv = *(const uint4*)(row + 16 + 16 * half);
-            const float d = h2f((unsigned short)(hd.x & 0xffffu));
-            const float dm = h2f((unsigned short)(hd.x >> 16));
-            float sc, mn;
-            q4k_scale_min(hd, 2 * h, sc, mn);
-            const float d1 = d * sc, m1 = dm * mn;
-            q4k_scale_min(hd, 2 * h + 1, sc, mn);
-            const float d2 = d * sc, m2 = dm * mn;
-            const unsigned q[4] = {qv.x, qv.y, qv.z, qv.w};
-            unsigned lo[8], hi[8];
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                float a[4], c[4];
-                u4x4(q[u] & 0x0f0f0f0fu, a);
-                u4x4((q[u] >> 4) & 0x0f0f0f0fu, c);
-#pragma unroll
-                for (int v = 0; v < 2; v++) {
-                    lo[2 * u + v] =
-                        bf16x2_rn(fmaf(d1, a[2 * v], -m1), fmaf(d1, a[2 * v + 1], -m1));
-                    hi[2 * u + v] =
-                        bf16x2_rn(fmaf(d2, c[2 * v], -m2), fmaf(d2, c[2 * v + 1], -m2));
-                }
-            }
-            bf16* o = b + rr * MOE_ROW + 16 * half;
-            uint4* ol = (uint4*)o;
-            uint4* oh = (uint4*)(o + 32);
-            ol[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-            ol[1] = make_uint4(lo[4], lo[5], lo[6], lo[7]);
-            oh[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-            oh[1] = make_uint4(hi[4], hi[5], hi[6], hi[7]);
+            q4k_dequant32(*(const uint4*)row, *(const uint4*)(row + 16 + 16 * half), h,
+                          b + rr * MOE_ROW + 16 * half);
         }
     }
 }

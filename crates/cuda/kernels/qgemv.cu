@@ -353,11 +353,72 @@ QMV_ENTRY(q8_0, QT_Q8_0, 2, 1, 4)
 QMV_ENTRY(q8_0, QT_Q8_0, 4, 1, 2)
 QMV_ENTRY(q8_0, QT_Q8_0, 2, 2, 4)
 QMV_ENTRY(q8_0, QT_Q8_0, 2, 4, 2)
+QMV_ENTRY(q8_0, QT_Q8_0, 2, 8, 2)
 QMV_ENTRY(q4_k, QT_Q4_K, 1, 1, 4)
 QMV_ENTRY(q4_k, QT_Q4_K, 2, 1, 4)
 QMV_ENTRY(q4_k, QT_Q4_K, 4, 1, 2)
 QMV_ENTRY(q4_k, QT_Q4_K, 2, 2, 4)
 QMV_ENTRY(q4_k, QT_Q4_K, 2, 4, 2)
+QMV_ENTRY(q4_k, QT_Q4_K, 2, 8, 2)
+
+// Two f32 -> bf16x2 (lo in the low half), rounded to nearest even: one cvt on sm_80+, f2bf
+// before. Dequantized weights are finite, where both agree bit for bit.
+__device__ __forceinline__ unsigned bf16x2_rn(float lo, float hi) {
+#if __CUDA_ARCH__ >= 800
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    return (unsigned)f2bf(lo) | ((unsigned)f2bf(hi) << 16);
+#endif
+}
+
+// 16 Q8_0 quants (one uint4) times their scale d -> 16 bf16 (two uint4 at dst).
+__device__ __forceinline__ void q8_dequant16(uint4 q, float d, uint4* dst) {
+    const unsigned qq[4] = {q.x, q.y, q.z, q.w};
+    unsigned o[8];
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        float f[4];
+        i8x4(qq[t], f);
+        o[2 * t] = bf16x2_rn(f[0] * d, f[1] * d);
+        o[2 * t + 1] = bf16x2_rn(f[2] * d, f[3] * d);
+    }
+    dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+    dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+// 16 bytes of Q4_K nibbles from the 32 that hold sub-blocks 2h and 2h + 1 of a super-block
+// (header hd) -> 16 bf16 of sub-block 2h (low nibbles, at lo) and 16 of 2h + 1 (high, at
+// lo + 32 elements): w = d*sc * q - dmin*m, exactly the CPU's values, then rounded.
+__device__ __forceinline__ void q4k_dequant32(uint4 hd, uint4 qs, int h, bf16* lo) {
+    const float d = h2f((unsigned short)(hd.x & 0xffffu));
+    const float dm = h2f((unsigned short)(hd.x >> 16));
+    float sc, mn;
+    q4k_scale_min(hd, 2 * h, sc, mn);
+    const float d1 = d * sc, m1 = dm * mn;
+    q4k_scale_min(hd, 2 * h + 1, sc, mn);
+    const float d2 = d * sc, m2 = dm * mn;
+    const unsigned q[4] = {qs.x, qs.y, qs.z, qs.w};
+    unsigned l[8], u[8];
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        float a[4], b[4];
+        u4x4(q[t] & 0x0f0f0f0fu, a);
+        u4x4((q[t] >> 4) & 0x0f0f0f0fu, b);
+#pragma unroll
+        for (int v = 0; v < 2; v++) {
+            l[2 * t + v] = bf16x2_rn(fmaf(d1, a[2 * v], -m1), fmaf(d1, a[2 * v + 1], -m1));
+            u[2 * t + v] = bf16x2_rn(fmaf(d2, b[2 * v], -m2), fmaf(d2, b[2 * v + 1], -m2));
+        }
+    }
+    uint4* ol = (uint4*)lo;
+    uint4* oh = (uint4*)(lo + 32);
+    ol[0] = make_uint4(l[0], l[1], l[2], l[3]);
+    ol[1] = make_uint4(l[4], l[5], l[6], l[7]);
+    oh[0] = make_uint4(u[0], u[1], u[2], u[3]);
+    oh[1] = make_uint4(u[4], u[5], u[6], u[7]);
+}
 
 // Q8_0 (repacked: quants w [rows, k], scales wd [rows, k / 32]) -> bf16 [rows, k] (round to
 // nearest even of the exact value). One thread per 16 quants; grid-stride.
@@ -365,63 +426,20 @@ extern "C" __global__ void dequant_q8_0_bf16(const unsigned char* w, const unsig
                                              bf16* out, int rows, int k) {
     const i64 total = (i64)rows * k / 16;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (i64)gridDim.x * blockDim.x) {
-        const uint4 q = ldg16(w + i * 16);
-        const float d = h2f(wd[(i * 16) >> 5]);  // rows are whole blocks: flat index works
-        const unsigned qq[4] = {q.x, q.y, q.z, q.w};
-        unsigned o[8];
-#pragma unroll
-        for (int t = 0; t < 4; t++) {
-            float f[4];
-            i8x4(qq[t], f);
-            o[2 * t] = (unsigned)f2bf(f[0] * d) | ((unsigned)f2bf(f[1] * d) << 16);
-            o[2 * t + 1] = (unsigned)f2bf(f[2] * d) | ((unsigned)f2bf(f[3] * d) << 16);
-        }
-        uint4* dst = (uint4*)(out + i * 16);
-        dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
-        dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
-    }
+         i += (i64)gridDim.x * blockDim.x)
+        // rows are whole blocks: the flat index finds the scale
+        q8_dequant16(ldg16(w + i * 16), h2f(wd[(i * 16) >> 5]), (uint4*)(out + i * 16));
 }
 
 // Q4_K rows [rows, k] -> bf16 [rows, k]. One thread per (super-block, lane j of 8): 16 low-
 // and 16 high-nibble elements, as in the GEMV; grid-stride.
 extern "C" __global__ void dequant_q4_k_bf16(const unsigned char* w, bf16* out, int rows, int k) {
-    const int nsb = k >> 8;
-    const i64 total = (i64)rows * nsb * 8;
+    const i64 total = (i64)rows * (k >> 8) * 8;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (i64)gridDim.x * blockDim.x) {
         const i64 sb = i >> 3;  // super-blocks are contiguous over rows
         const int j = (int)(i & 7), h = j >> 1;
         const unsigned char* blk = w + sb * 144;
-        const uint4 hd = ldg16(blk), qs = ldg16(blk + 16 + 16 * j);
-        const float d = h2f((unsigned short)(hd.x & 0xffffu));
-        const float dm = h2f((unsigned short)(hd.x >> 16));
-        float sc, mn;
-        q4k_scale_min(hd, 2 * h, sc, mn);
-        const float d1 = d * sc, m1 = dm * mn;
-        q4k_scale_min(hd, 2 * h + 1, sc, mn);
-        const float d2 = d * sc, m2 = dm * mn;
-        const unsigned q[4] = {qs.x, qs.y, qs.z, qs.w};
-        unsigned lo[8], hi[8];
-#pragma unroll
-        for (int t = 0; t < 4; t++) {
-            float a[4], b[4];
-            u4x4(q[t] & 0x0f0f0f0fu, a);
-            u4x4((q[t] >> 4) & 0x0f0f0f0fu, b);
-#pragma unroll
-            for (int u = 0; u < 2; u++) {
-                lo[2 * t + u] = (unsigned)f2bf(fmaf(d1, a[2 * u], -m1)) |
-                                ((unsigned)f2bf(fmaf(d1, a[2 * u + 1], -m1)) << 16);
-                hi[2 * t + u] = (unsigned)f2bf(fmaf(d2, b[2 * u], -m2)) |
-                                ((unsigned)f2bf(fmaf(d2, b[2 * u + 1], -m2)) << 16);
-            }
-        }
-        bf16* o = out + sb * 256 + 64 * h + 16 * (j & 1);
-        uint4* ol = (uint4*)o;
-        uint4* oh = (uint4*)(o + 32);
-        ol[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-        ol[1] = make_uint4(lo[4], lo[5], lo[6], lo[7]);
-        oh[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-        oh[1] = make_uint4(hi[4], hi[5], hi[6], hi[7]);
+        q4k_dequant32(ldg16(blk), ldg16(blk + 16 + 16 * j), h, out + sb * 256 + 64 * h + 16 * (j & 1));
     }
 }

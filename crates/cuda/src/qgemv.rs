@@ -1,12 +1,12 @@
 //! GGUF weights kept compressed on the GPU: Q8_0 and Q4_K matrices ([`QMat`]) and the
 //! products over them ([`Gpu::qgemm`] picks by M):
-//! - M = 1 .. 4: x quantized to int8 per 32 values in the kernel's shared memory (ggml's
+//! - M = 1 .. [`QMV_GEMV_MAX_M`]: x quantized to int8 per 32 values in the kernel's shared memory (ggml's
 //!   Q8_0 rule, as the CPU executor does for quantized weights; [`Gpu::quantize_x`] is the
 //!   same rule on its own), then int8 dot products (dp4a) against the stored quants on a
-//!   persistent grid, each weight read once for all vectors ([`Gpu::qmv`],
+//!   persistent grid, each weight read once for up to 8 vectors ([`Gpu::qmv`],
 //!   `kernels/qgemv.cu`); the MoE expert GEMV runs the same kernel over (token, expert)
 //!   pairs ([`Gpu::qmv_pairs`]).
-//! - M = 5 .. [`QGEMM_TC_MAX_M`]: the grouped GEMM's tensor-core kernel in dense mode
+//! - up to [`QGEMM_TC_MAX_M`]: the grouped GEMM's tensor-core kernel in dense mode
 //!   ([`Gpu::qgemm_tc`], moe_grouped.rs): weight tiles dequantized to bf16 in shared memory,
 //!   x bf16, every weight read once. The grouped expert GEMM does the same per expert.
 //! - larger M: the weights dequantized in row chunks to a bf16 scratch and cuBLAS.
@@ -130,6 +130,12 @@ pub const DEQUANT_CHUNK: usize = 16 << 20;
 /// Largest K of the GEMV (it quantizes x into shared memory: K + K / 4 bytes).
 pub const QMV_MAX_K: usize = 32768;
 
+/// Largest M [`Gpu::qgemm`] runs as one GEMV launch (each weight read once for every row of
+/// x), where x fits in half an SM's shared memory (two blocks per SM); past that the
+/// tensor-core kernel is faster (bench/cuda/qgemv.md: two 8-row launches at M = 16 took
+/// 1.2-2x its time).
+pub const QMV_GEMV_MAX_M: usize = 8;
+
 /// Largest M [`Gpu::qgemm`] runs on the tensor-core kernel that dequantizes weight tiles in
 /// shared memory (moe_grouped.rs, one 16- or 64-row tile: the weights are read once); larger
 /// M dequantizes the whole matrix for cuBLAS.
@@ -144,18 +150,19 @@ pub struct QmvVariant {
 
 impl QmvVariant {
     /// Every kernel `qgemv.cu` instantiates (per type).
-    pub const ALL: [QmvVariant; 5] = [
+    pub const ALL: [QmvVariant; 6] = [
         QmvVariant { r: 1, mt: 1 },
         QmvVariant { r: 2, mt: 1 },
         QmvVariant { r: 4, mt: 1 },
         QmvVariant { r: 2, mt: 2 },
         QmvVariant { r: 2, mt: 4 },
+        QmvVariant { r: 2, mt: 8 },
     ];
 
     /// Most vectors one launch takes.
-    pub const MAX_M: usize = 4;
+    pub const MAX_M: usize = 8;
 
-    /// The kernel for `m` vectors (1..=4) against `rows` rows: one vector, 2 rows a warp, 4
+    /// The kernel for `m` vectors (1..=8) against `rows` rows: one vector, 2 rows a warp, 4
     /// from 4,096 rows on (the lab's fastest on V2-Lite and V3 shapes, bench/cuda/qgemv.md);
     /// more vectors, 2 rows a warp.
     pub fn for_m(m: usize, rows: usize) -> Option<Self> {
@@ -164,6 +171,7 @@ impl QmvVariant {
             1 => Some(QmvVariant { r: 2, mt: 1 }),
             2 => Some(QmvVariant { r: 2, mt: 2 }),
             3 | 4 => Some(QmvVariant { r: 2, mt: 4 }),
+            5..=8 => Some(QmvVariant { r: 2, mt: 8 }),
             _ => None,
         }
     }
@@ -257,7 +265,7 @@ impl Gpu {
         Ok(qx)
     }
 
-    /// out[v, r] (+)= W[r, :] . x[row0 + v, :] for v < m (1..=4) of x bf16 [*, cols]
+    /// out[v, r] (+)= W[r, :] . x[row0 + v, :] for v < m (1..=8) of x bf16 [*, cols]
     /// (quantized per 32 values inside the kernel); out f32 [m, rows]. `accumulate` adds.
     pub fn qmv(
         &self,
@@ -466,12 +474,17 @@ impl Gpu {
             return Ok(());
         }
         let tc = self.has_flash_attn();
-        let fits = |m: usize| {
+        // x of every row in shared memory, two blocks per SM (one block of a GEMV with
+        // 8 x 18,432 values measured slower than the tensor-core kernel); without tensor
+        // cores, whatever fits.
+        let fits = |m: usize, share: usize| {
             w.cols <= QMV_MAX_K
                 && QmvVariant::for_m(m.min(QmvVariant::MAX_M), w.rows)
-                    .is_some_and(|v| v.smem(w.cols) <= self.max_smem_per_block)
+                    .is_some_and(|v| v.smem(w.cols) <= self.max_smem_per_block / share)
         };
-        if fits(m) && (m <= QmvVariant::MAX_M || (!tc && m <= 8)) {
+        if (m <= QMV_GEMV_MAX_M && (fits(m, 2) || (m == 1 && fits(1, 1))))
+            || (!tc && m <= 32 && fits(m, 1))
+        {
             for r0 in (0..m).step_by(QmvVariant::MAX_M) {
                 let n = (m - r0).min(QmvVariant::MAX_M);
                 self.qmv(w, x, r0, n, out + (r0 * w.rows * 4) as u64, accumulate)?;
@@ -550,7 +563,7 @@ mod tests {
                     "{m} {rows}: {v:?}"
                 );
             }
-            assert!(QmvVariant::for_m(0, rows).is_none() && QmvVariant::for_m(5, rows).is_none());
+            assert!(QmvVariant::for_m(0, rows).is_none() && QmvVariant::for_m(9, rows).is_none());
         }
         assert!(QmvVariant::ALL.contains(&QmvVariant::PAIRS));
     }

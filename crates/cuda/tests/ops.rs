@@ -1358,7 +1358,7 @@ fn moe_grouped(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
 /// host with the crate's own quantizers:
 /// - x quantized to int8 per 32 values: exactly the host's rule (d = amax / 127,
 ///   q = round(x / d)), bit for bit;
-/// - the int8 GEMV at M = 1 .. 4 (every kernel variant, persistent grids capped to 1 and 7
+/// - the int8 GEMV at M = 1 .. 8 (every kernel variant, persistent grids capped to 1 and 7
 ///   CTAs, accumulate) against the CPU dequantization times the quantized x in f64 (bound 1e-4:
 ///   only f32 summation order differs), and against the unquantized x (bound 2e-2: what
 ///   quantizing x costs);
@@ -1476,7 +1476,7 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 }
             }
         }
-        for m in 1..=4usize {
+        for m in [1usize, 2, 3, 4, 6, 8] {
             let err = run(m, false, &want, &|o| {
                 gpu.qgemm(&wd, m, xb.ptr(), o, false).unwrap()
             });
@@ -1492,16 +1492,17 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             });
             rep.check("qgemm accumulate", shape(m), "q*i8>f32", err, 1e-4);
         }
-        // M = 5 .. 64: the tensor-core kernel (16- and 64-row tiles, partial ones);
-        // M = 80: dequantize + cuBLAS. Both over the bf16-rounded weights.
+        // The tensor-core kernel (16- and 64-row tiles, partial ones): straight through
+        // `qgemm_tc` from 5 rows, through `qgemm` past the GEMV's 8; M = 80: dequantize +
+        // cuBLAS. All over the bf16-rounded weights.
         if gpu.has_flash_attn() {
-            for (m, acc) in [
-                (5usize, false),
-                (13, true),
-                (16, false),
-                (40, false),
-                (64, true),
-            ] {
+            for (m, acc) in [(5usize, false), (13, true), (16, false)] {
+                let err = run(m, acc, &want_bf, &|o| {
+                    gpu.qgemm_tc(&wd, m, xb.ptr(), o, acc).unwrap()
+                });
+                rep.check("qgemm_tc", shape(m), "q>bf16>f32", err, 1e-4);
+            }
+            for (m, acc) in [(12usize, true), (17, false), (40, false), (64, true)] {
                 let err = run(m, acc, &want_bf, &|o| {
                     gpu.qgemm(&wd, m, xb.ptr(), o, acc).unwrap()
                 });

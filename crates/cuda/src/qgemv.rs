@@ -141,6 +141,41 @@ pub const QMV_GEMV_MAX_M: usize = 8;
 /// M dequantizes the whole matrix for cuBLAS.
 pub const QGEMM_TC_MAX_M: usize = 64;
 
+/// How [`Gpu::qgemm`] computes a product with `m` rows of x.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QPath {
+    /// [`Gpu::qmv`], [`QmvVariant::MAX_M`] rows of x a launch.
+    Gemv,
+    /// [`Gpu::qgemm_tc`].
+    TensorCore,
+    /// Row chunks dequantized to bf16, cuBLAS.
+    Dequantize,
+}
+
+impl QPath {
+    /// The path for `m` rows of x against a [rows, k] matrix, given the GPU's opt-in shared
+    /// memory per block and whether it has the tensor-core kernels (sm_80+). The GEMV takes up
+    /// to [`QMV_GEMV_MAX_M`] rows where x leaves room for two blocks per SM (one block of an
+    /// 8-row GEMV over K = 18,432 measured slower than the tensor-core kernel), or one row
+    /// wherever it fits; without tensor cores, up to 32 rows wherever they fit.
+    pub fn choose(m: usize, rows: usize, k: usize, max_smem: usize, tc: bool) -> Self {
+        let fits = |m: usize, share: usize| {
+            k <= QMV_MAX_K
+                && QmvVariant::for_m(m.min(QmvVariant::MAX_M), rows)
+                    .is_some_and(|v| v.smem(k) <= max_smem / share)
+        };
+        if (m <= QMV_GEMV_MAX_M && (fits(m, 2) || (m == 1 && fits(1, 1))))
+            || (!tc && m <= 32 && fits(m, 1))
+        {
+            QPath::Gemv
+        } else if tc && m <= QGEMM_TC_MAX_M {
+            QPath::TensorCore
+        } else {
+            QPath::Dequantize
+        }
+    }
+}
+
 /// One GEMV kernel: `r` rows a warp, up to `mt` vectors (`qmv_<ty>_r<r>m<mt>`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QmvVariant {
@@ -474,25 +509,16 @@ impl Gpu {
             return Ok(());
         }
         let tc = self.has_flash_attn();
-        // x of every row in shared memory, two blocks per SM (one block of a GEMV with
-        // 8 x 18,432 values measured slower than the tensor-core kernel); without tensor
-        // cores, whatever fits.
-        let fits = |m: usize, share: usize| {
-            w.cols <= QMV_MAX_K
-                && QmvVariant::for_m(m.min(QmvVariant::MAX_M), w.rows)
-                    .is_some_and(|v| v.smem(w.cols) <= self.max_smem_per_block / share)
-        };
-        if (m <= QMV_GEMV_MAX_M && (fits(m, 2) || (m == 1 && fits(1, 1))))
-            || (!tc && m <= 32 && fits(m, 1))
-        {
-            for r0 in (0..m).step_by(QmvVariant::MAX_M) {
-                let n = (m - r0).min(QmvVariant::MAX_M);
-                self.qmv(w, x, r0, n, out + (r0 * w.rows * 4) as u64, accumulate)?;
+        match QPath::choose(m, w.rows, w.cols, self.max_smem_per_block, tc) {
+            QPath::Gemv => {
+                for r0 in (0..m).step_by(QmvVariant::MAX_M) {
+                    let n = (m - r0).min(QmvVariant::MAX_M);
+                    self.qmv(w, x, r0, n, out + (r0 * w.rows * 4) as u64, accumulate)?;
+                }
+                return Ok(());
             }
-            return Ok(());
-        }
-        if m <= QGEMM_TC_MAX_M && self.has_flash_attn() {
-            return self.qgemm_tc(w, m, x, out, accumulate);
+            QPath::TensorCore => return self.qgemm_tc(w, m, x, out, accumulate),
+            QPath::Dequantize => {}
         }
         // Row chunks of at most DEQUANT_CHUNK elements through the reserved scratch (one
         // stream orders the reuse), or through the step arena before it is reserved.
@@ -566,6 +592,32 @@ mod tests {
             assert!(QmvVariant::for_m(0, rows).is_none() && QmvVariant::for_m(9, rows).is_none());
         }
         assert!(QmvVariant::ALL.contains(&QmvVariant::PAIRS));
+    }
+
+    #[test]
+    fn qgemm_paths_follow_rows_of_x_and_shared_memory() {
+        use QPath::*;
+        let h200 = 227 << 10;
+        let path = |m, rows, k| QPath::choose(m, rows, k, h200, true);
+        // 1-8 rows: the GEMV while 8 rows of x leave room for two blocks (K = 10,944: 109 KB).
+        assert_eq!(path(1, 3072, 2048), Gemv);
+        assert_eq!(path(8, 2048, 10944), Gemv);
+        // 8 rows of K = 18,432 would take 184 KB (one block per SM); one row still fits.
+        assert_eq!(path(8, 7168, 18432), TensorCore);
+        assert_eq!(path(1, 7168, 18432), Gemv);
+        // Past the GEMV's rows, the tensor-core kernel up to 64, then cuBLAS.
+        assert_eq!(path(9, 3072, 2048), TensorCore);
+        assert_eq!(path(64, 3072, 2048), TensorCore);
+        assert_eq!(path(65, 3072, 2048), Dequantize);
+        // K past the GEMV's limit.
+        assert_eq!(path(1, 64, QMV_MAX_K + 256), TensorCore);
+        // Without tensor cores (pre-sm_80, 96 KB): GEMVs up to 32 rows where they fit.
+        let old = |m, k| QPath::choose(m, 2048, k, 96 << 10, false);
+        assert_eq!(old(1, QMV_MAX_K + 256), Dequantize);
+        assert_eq!(old(12, 2048), Gemv);
+        assert_eq!(old(32, 2048), Gemv);
+        assert_eq!(old(33, 2048), Dequantize);
+        assert_eq!(old(8, 18432), Dequantize);
     }
 
     #[test]

@@ -1,11 +1,11 @@
 //! GGUF weights kept compressed on the GPU: Q8_0 and Q4_K matrices ([`QMat`]) and the
-//! products over them ([`Gpu::qgemm`] picks by M):
-//! - M = 1 .. [`QMV_GEMV_MAX_M`]: x quantized to int8 per 32 values in the kernel's shared memory (ggml's
-//!   Q8_0 rule, as the CPU executor does for quantized weights; [`Gpu::quantize_x`] is the
-//!   same rule on its own), then int8 dot products (dp4a) against the stored quants on a
-//!   persistent grid, each weight read once for up to 8 vectors ([`Gpu::qmv`],
-//!   `kernels/qgemv.cu`); the MoE expert GEMV runs the same kernel over (token, expert)
-//!   pairs ([`Gpu::qmv_pairs`]).
+//! products over them ([`Gpu::qgemm`] picks by M, [`QPath::choose`]):
+//! - M = 1 .. [`QMV_GEMV_MAX_M`]: x quantized to int8 per 32 values in the kernel's shared
+//!   memory (ggml's Q8_0 rule, as the CPU executor does for quantized weights;
+//!   [`Gpu::quantize_x`] is the same rule on its own), then int8 dot products (dp4a) against
+//!   the stored quants on a persistent grid, each weight read once for all the rows
+//!   ([`Gpu::qmv`], `kernels/qgemv.cu`); the MoE expert GEMV runs the same kernel over
+//!   (token, expert) pairs ([`Gpu::qmv_pairs`]).
 //! - up to [`QGEMM_TC_MAX_M`]: the grouped GEMM's tensor-core kernel in dense mode
 //!   ([`Gpu::qgemm_tc`], moe_grouped.rs): weight tiles dequantized to bf16 in shared memory,
 //!   x bf16, every weight read once. The grouped expert GEMM does the same per expert.

@@ -300,19 +300,20 @@ fn main() -> Res<()> {
                         gbs / bf16_gbs[&m]
                     ));
                 }
-                // M > 1 (the tensor-core kernel): check against the exact product.
+                // M > 1 (the GEMV over 2-8 rows or the tensor-core kernel, as `qgemm` picks):
+                // check against the exact product.
                 if m > 1 {
                     gpu.sync()?;
                     let o = gpu.alloc_filled::<f32>(m * rows, 0xff)?;
                     gpu.qgemm(&qs[0], m, xd.ptr(), o.ptr(), false)?;
                     let err = check(&cpu, &x, m, &gpu.to_host(&o)?, &sample);
-                    println!("M{m} {ty:?} qgemm error {err:.2e} against the exact product (bf16 weights: bound 1e-2)");
+                    println!("M{m} {ty:?} qgemm error {err:.2e} against the exact product (int8 x or bf16 weights: bound 1e-2)");
                     if err.is_nan() || err > 1e-2 {
                         rows_json.push(serde_json::json!({"shape": name, "rows": rows, "k": k, "m": m, "kernel": format!("{ty:?} qgemm"), "rel_err": err, "failed": true}));
                         continue;
                     }
                 }
-                // The executor's call: M = 1 quantize x + GEMV; M > 1 the tensor-core kernel.
+                // The executor's call (`qgemm`: QPath::choose picks GEMV, tensor core or cuBLAS).
                 let us = time(
                     &gpu,
                     &|i| {

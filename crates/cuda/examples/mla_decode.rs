@@ -80,6 +80,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let shapes = [
         (64usize, 16usize, 4096usize),
         (128, 16, 8192),
+        (64, 64, 4096),
         (64, 128, 4096),
         (128, 128, 4096),
     ];

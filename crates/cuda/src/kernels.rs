@@ -14,6 +14,7 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/attention.cu"),
     include_str!("../kernels/moe.cu"),
     include_str!("../kernels/mla_decode.cu"),
+    include_str!("../kernels/mla_decode_wgmma.cu"),
     include_str!("../kernels/qgemv.cu"),
     include_str!("../kernels/flash_attn.cu"),
     include_str!("../kernels/moe_grouped.cu"),
@@ -48,6 +49,7 @@ pub const NAMES: &[&str] = &[
     "mla_decode_m2k",
     "mla_decode_m1s3b",
     "mla_decode_m2kb",
+    "mla_decode_w64",
     "q8_quantize_x",
     "qmv_q8_0_r1m1",
     "qmv_q8_0_r2m1",
@@ -88,7 +90,9 @@ pub const NAMES: &[&str] = &[
 /// NVRTC's name for a compute capability.
 /// A capability this build does not list (sm_87, sm_103, sm_121, ...) compiles for the
 /// highest listed one of the same major version at or below it (binary compatible within a
-/// major version).
+/// major version). Compute capability 9.0 (H100, H200) compiles for `sm_90a`, which adds the
+/// arch-specific instructions (wgmma) that only 9.0 runs: the kernels that use them test
+/// `__CUDA_ARCH_FEAT_SM90_ALL` and trap elsewhere.
 pub fn arch_for(major: i32, minor: i32) -> Result<&'static str> {
     const KNOWN: &[(i32, i32, &str)] = &[
         (7, 0, "sm_70"),
@@ -96,7 +100,7 @@ pub fn arch_for(major: i32, minor: i32) -> Result<&'static str> {
         (8, 0, "sm_80"),
         (8, 6, "sm_86"),
         (8, 9, "sm_89"),
-        (9, 0, "sm_90"),
+        (9, 0, "sm_90a"),
         (10, 0, "sm_100"),
         (12, 0, "sm_120"),
     ];
@@ -187,4 +191,17 @@ pub fn compile(arch: &'static str) -> Result<Ptx> {
         arch: arch.into(),
         log: format!("{e:?}"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn archs() {
+        assert_eq!(arch_for(9, 0).unwrap(), "sm_90a");
+        assert_eq!(arch_for(8, 7).unwrap(), "sm_86");
+        assert_eq!(arch_for(12, 1).unwrap(), "sm_120");
+        assert!(arch_for(6, 1).is_err());
+    }
 }

@@ -27,6 +27,7 @@ const THREADS: u32 = 256;
 const TILE_BYTES: usize = 64 * 584 * 2; // 64 keys x (576 + 8 pad) bf16
 const ROW_BYTES: usize = 584 * 2;
 const P_ROW_BYTES: usize = 72 * 2;
+const W64_TILE_BYTES: usize = 9 * 8192; // 64 rows x 576 bf16 as nine 64-column swizzled atoms
 
 /// One compiled variant of the kernel (see mla_decode.cu).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,16 +45,20 @@ pub enum MlaVariant {
     M1S3B,
     /// M2K with the cache rows copied by the sm_90 copy engine.
     M2KB,
+    /// 64 heads a block on sm_90a warpgroup MMA (wgmma, `kernels/mla_decode_wgmma.cu`): two
+    /// warpgroups split S over keys and O over columns; Q, K/V and P in swizzled shared memory.
+    W64,
 }
 
 impl MlaVariant {
-    pub const ALL: [MlaVariant; 6] = [
+    pub const ALL: [MlaVariant; 7] = [
         MlaVariant::M1S3Q,
         MlaVariant::M2S2,
         MlaVariant::M1S2,
         MlaVariant::M2K,
         MlaVariant::M1S3B,
         MlaVariant::M2KB,
+        MlaVariant::W64,
     ];
 
     pub fn kernel(self) -> &'static str {
@@ -64,6 +69,7 @@ impl MlaVariant {
             MlaVariant::M2K => "mla_decode_m2k",
             MlaVariant::M1S3B => "mla_decode_m1s3b",
             MlaVariant::M2KB => "mla_decode_m2kb",
+            MlaVariant::W64 => "mla_decode_w64",
         }
     }
 
@@ -71,13 +77,17 @@ impl MlaVariant {
     pub fn heads_per_block(self) -> usize {
         match self {
             MlaVariant::M2S2 | MlaVariant::M2K | MlaVariant::M2KB => 32,
+            MlaVariant::W64 => 64,
             _ => 16,
         }
     }
 
     /// Whether a GPU of NVRTC arch `arch` runs this variant: bf16 mma and cp.async need
-    /// sm_80, the copy-engine variants sm_90.
+    /// sm_80, the copy-engine variants sm_90, wgmma exactly sm_90a (compute capability 9.0).
     pub fn runs_on(self, arch: &str) -> bool {
+        if self == MlaVariant::W64 {
+            return arch == "sm_90a";
+        }
         let sm: u32 = arch
             .trim_start_matches("sm_")
             .trim_end_matches('a')
@@ -104,6 +114,8 @@ impl MlaVariant {
         let slots = self.stages() * (64 * 8 + 8); // slots and one mbarrier per stage
         let p = rows * P_ROW_BYTES;
         match self {
+            // Q, 2 stages and P as 64-row swizzled atoms, slots, row maxima, 1 KB alignment.
+            MlaVariant::W64 => 3 * W64_TILE_BYTES + 8192 + 2 * 64 * 8 + 2 * 64 * 4 + 1024,
             // stages, partial S [4][rows][72] f32, P, per-row f32, slots
             MlaVariant::M2K | MlaVariant::M2KB => tiles + 4 * rows * 72 * 4 + p + rows * 4 + slots,
             // stages, Q (unless in registers), P, row maxima [8 warps][rows] f32, slots
@@ -112,12 +124,15 @@ impl MlaVariant {
         }
     }
 
-    /// The default for a head count, the fastest in the kernel lab on the H200
-    /// (bench/cuda/mla_decode.md): 32 heads a block with the feature-split S from 32 heads up,
-    /// else 16 heads with Q in registers and 3 stages. The copy-engine variants measured
-    /// 15-25% slower and are not chosen.
-    pub fn for_heads(heads: usize) -> Self {
-        if heads >= 32 {
+    /// The default for a head count on a GPU of NVRTC arch `arch`, the fastest in the kernel
+    /// lab on the H200 (bench/cuda/mla_decode.md): from 64 heads up, 64 heads a block on wgmma
+    /// where the GPU has it; from 32, 32 heads a block with the feature-split S; else 16 heads
+    /// with Q in registers and 3 stages. The copy-engine variants measured 15-25% slower and
+    /// are not chosen.
+    pub fn choose(heads: usize, arch: &str) -> Self {
+        if heads >= 64 && MlaVariant::W64.runs_on(arch) {
+            MlaVariant::W64
+        } else if heads >= 32 {
             MlaVariant::M2K
         } else {
             MlaVariant::M1S3Q
@@ -144,7 +159,7 @@ impl Gpu {
         lse: u64,
         o_lat: u64,
     ) -> Result<()> {
-        let v = MlaVariant::for_heads(d.heads);
+        let v = MlaVariant::choose(d.heads, self.arch);
         if d.l != TC_L
             || d.r != TC_R
             || !v.runs_on(self.arch)
@@ -276,7 +291,7 @@ impl Gpu {
         max_splits: usize,
     ) -> Result<usize> {
         let sms = self.sm_count;
-        let v = MlaVariant::for_heads(heads);
+        let v = MlaVariant::choose(heads, self.arch);
         let groups = t.max(1) * heads.div_ceil(v.heads_per_block());
         Ok(pick_splits(groups, sms, max_keys, max_splits))
     }
@@ -320,6 +335,7 @@ mod tests {
         }
         assert_eq!(MlaVariant::M1S3Q.smem_bytes(), 228_608 + 24);
         assert_eq!(MlaVariant::M2K.smem_bytes(), 192_128 + 16);
+        assert_eq!(MlaVariant::W64.smem_bytes(), 231_936);
     }
 
     #[test]
@@ -327,7 +343,12 @@ mod tests {
         assert!(MlaVariant::M1S3B.runs_on("sm_90") && MlaVariant::M1S3B.runs_on("sm_120"));
         assert!(!MlaVariant::M1S3B.runs_on("sm_89") && MlaVariant::M1S3Q.runs_on("sm_80"));
         assert!(!MlaVariant::M1S3Q.runs_on("sm_75"));
-        assert_eq!(MlaVariant::for_heads(16), MlaVariant::M1S3Q);
-        assert_eq!(MlaVariant::for_heads(128), MlaVariant::M2K);
+        assert!(MlaVariant::W64.runs_on("sm_90a") && !MlaVariant::W64.runs_on("sm_90"));
+        assert!(!MlaVariant::W64.runs_on("sm_100") && MlaVariant::M2K.runs_on("sm_90a"));
+        assert_eq!(MlaVariant::choose(16, "sm_90a"), MlaVariant::M1S3Q);
+        assert_eq!(MlaVariant::choose(32, "sm_90a"), MlaVariant::M2K);
+        assert_eq!(MlaVariant::choose(64, "sm_90a"), MlaVariant::W64);
+        assert_eq!(MlaVariant::choose(128, "sm_90a"), MlaVariant::W64);
+        assert_eq!(MlaVariant::choose(128, "sm_89"), MlaVariant::M2K);
     }
 }

@@ -54,6 +54,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let arg = |name: &str| std::env::args().skip_while(|a| a != name).nth(1);
     let only_shape: Option<usize> = arg("--shape").and_then(|s| s.parse().ok());
     let only_variant = arg("--variant");
+    // --ablate: time mla_decode_w64 and its ablations (a stage left out; not checked, their
+    // outputs are not attention) at mqa_tc_splits' count, to place the time of a tile.
+    let ablate = std::env::args().any(|a| a == "--ablate");
     let wanted = |v: MlaVariant| {
         v.runs_on(gpu.arch)
             && !(no_bulk && matches!(v, MlaVariant::M1S3B | MlaVariant::M2KB))
@@ -80,6 +83,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let shapes = [
         (64usize, 16usize, 4096usize),
         (128, 16, 8192),
+        (64, 32, 4096),
         (64, 64, 4096),
         (64, 128, 4096),
         (128, 128, 4096),
@@ -145,6 +149,40 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         )?;
         let want = gpu.to_host(&reference)?;
         let heuristic = gpu.mqa_tc_splits(b, heads, ctx, max_splits)?;
+        if ablate && heads >= 64 && MlaVariant::W64.runs_on(gpu.arch) {
+            for name in [
+                "mla_decode_w64",
+                "mla_decode_w64_noload",
+                "mla_decode_w64_nopv",
+                "mla_decode_w64_nos",
+                "mla_decode_w64_s",
+                "mla_decode_w64_pv",
+                "mla_decode_w64_bare",
+            ] {
+                let run = || {
+                    gpu.attn_mqa_tc_kernel(
+                        MlaVariant::W64,
+                        name,
+                        &dims,
+                        q_lat.ptr(),
+                        q.ptr(),
+                        cache.ptr(),
+                        &keys,
+                        bt.ptr(),
+                        bt_off.ptr(),
+                        bs,
+                        heuristic,
+                        part.ptr(),
+                        lse.ptr(),
+                        o_lat.ptr(),
+                    )
+                };
+                let us = time_us(&gpu, &|_| run(), 3, 7, 10)?;
+                let tiles = ctx.div_ceil(heuristic).div_ceil(64);
+                println!("ablation B{b} H{heads} ctx{ctx} splits {heuristic} {name:<24} {us:8.1} µs ({:.2} µs per tile)", us / tiles as f64);
+                rows.push(serde_json::json!({"batch": b, "heads": heads, "ctx": ctx, "kernel": name, "splits": heuristic, "us_median": us, "ablation": true}));
+            }
+        }
         let mut best: Vec<(String, f64, usize)> = Vec::new();
         let mut failed = Vec::new();
         let mut record = |kernel: String, splits: usize, us: f64, err: Option<f64>| {

@@ -43,6 +43,7 @@
 #define MLA_CHUNKS 72          // 16-byte chunks per cache row
 #define MLA_KSTEPS 36          // 576 / 16
 #define MLA_TILE_BYTES (MLA_BN * MLA_ROW * 2)
+static_assert(MLA_BN * 4 == MLA_THREADS, "the tile copy gives each thread a quarter of a row");
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define MLA_TC 1
@@ -144,6 +145,45 @@ __device__ __forceinline__ MlaWork mla_work(int rows, int nh, int ns, const int*
     return w;
 }
 
+// The slots of a block's key tiles, one tile a step, for threads first..first+63 (one key
+// each), with the global loads behind them issued ahead of their use: a DSA position two steps
+// ahead, the block-table page one step ahead (a barrier right after loading them would wait
+// out a memory round trip every tile).
+struct MlaSlotPipe {
+    int key;                  // this thread's key within a tile; active if 0 <= key < BN
+    int pos, page, pos_next;  // the next tile's position and page, the one after's position
+
+    __device__ __forceinline__ bool active() const { return (unsigned)key < MLA_BN; }
+
+    __device__ __forceinline__ int position(const MlaWork& w, const int* sel_pos, int tile) const {
+        const int kk = w.k0 + tile * MLA_BN + key;
+        if (kk >= w.k1) return -1;
+        return w.so < 0 ? kk : sel_pos[w.so + kk];
+    }
+
+    // Next tile `tile` (its page loaded here: once a block).
+    __device__ __forceinline__ void start(const MlaWork& w, const int* sel_pos, int bs, int tile,
+                                          int first = 0) {
+        key = (int)threadIdx.x - first;
+        if (active()) {
+            pos = position(w, sel_pos, tile);
+            page = pos < 0 ? 0 : w.bt[pos / bs];
+            pos_next = position(w, sel_pos, tile + 1);
+        }
+    }
+
+    // Writes tile `tile`'s slots (the next tile's) to dst [BN], then moves on by one.
+    __device__ __forceinline__ void step(i64* dst, const MlaWork& w, const int* sel_pos, int bs,
+                                         int tile) {
+        if (active()) {
+            dst[key] = pos < 0 ? -1 : (i64)page * bs + pos % bs;
+            pos = pos_next;
+            page = pos < 0 ? 0 : w.bt[pos / bs];
+            pos_next = position(w, sel_pos, tile + 2);
+        }
+    }
+};
+
 // sm_90 copy engine: one bulk copy per cache row, completing on a per-stage mbarrier.
 __device__ __forceinline__ void mla_bar_init(unsigned bar) {
 #if __CUDA_ARCH__ >= 900
@@ -242,13 +282,16 @@ struct MlaLoader {
                 }
             }
         } else {
+            // Thread t copies row t/4 (one slot read): 16-byte chunks t%4 + 4k at constant
+            // offsets (a warp reads 64 contiguous bytes of each of 8 rows an instruction).
             if (tile < w.ntiles) {
-                for (int c = threadIdx.x; c < MLA_BN * MLA_CHUNKS; c += MLA_THREADS) {
-                    int r = c / MLA_CHUNKS, col = c - r * MLA_CHUNKS;
-                    i64 s = sl[r];
-                    const bf16* src = cache + (s < 0 ? 0 : s) * MLA_W + col * 8;
-                    mla_cp16(base + (r * MLA_ROW + col * 8) * 2, src, s < 0 ? 0 : 16);
-                }
+                const int r = threadIdx.x >> 2, c = threadIdx.x & 3;
+                const i64 s = sl[r];
+                const char* src = (const char*)(cache + (s < 0 ? 0 : s) * MLA_W) + 16 * c;
+                const unsigned dst = base + r * MLA_ROW * 2 + 16 * c;
+                const int bytes = s < 0 ? 0 : 16;
+#pragma unroll
+                for (int k = 0; k < MLA_CHUNKS / 4; k++) mla_cp16(dst + 64 * k, src + 64 * k, bytes);
             }
             mla_commit();
         }
@@ -348,6 +391,8 @@ __device__ __forceinline__ void mla_decode_body(const float* q_lat, const float*
 
     for (int j = 0; j < STAGES - 1; j++)
         if (j < wk.ntiles) ld.fill(wk, j, sel_pos, bs);
+    MlaSlotPipe pipe;
+    pipe.start(wk, sel_pos, bs, STAGES - 1);
     __syncthreads();  // slots, barriers and Q rows visible
     for (int j = 0; j < STAGES - 1; j++) ld.issue(wk, j, cache);
 
@@ -359,7 +404,8 @@ __device__ __forceinline__ void mla_decode_body(const float* q_lat, const float*
     }
 
     for (int i = 0; i < wk.ntiles; i++) {
-        if (i + STAGES - 1 < wk.ntiles) ld.fill(wk, i + STAGES - 1, sel_pos, bs);
+        if (i + STAGES - 1 < wk.ntiles)
+            pipe.step(slots + ((i + STAGES - 1) % STAGES) * MLA_BN, wk, sel_pos, bs, i + STAGES - 1);
         ld.wait(i);
         __syncthreads();  // tile i landed for all; tile i-1's stage, P and red are free
         ld.issue(wk, i + STAGES - 1, cache);
@@ -520,6 +566,8 @@ __device__ __forceinline__ void mla_decode_ksplit(const float* q_lat, const floa
     float m_row = -INFINITY, l_row = 0.f;  // of row srow, same in its 8 threads
 
     if (0 < wk.ntiles) ld.fill(wk, 0, sel_pos, bs);
+    MlaSlotPipe pipe;
+    pipe.start(wk, sel_pos, bs, 1);
     __syncthreads();  // slots and barriers visible
     ld.issue(wk, 0, cache);
 
@@ -528,7 +576,7 @@ __device__ __forceinline__ void mla_decode_ksplit(const float* q_lat, const floa
         ((32 * kn + 8 * (lane >> 4) + (lane & 7)) * MLA_ROW + ((lane >> 3) & 1) * 8) * 2;
 
     for (int i = 0; i < wk.ntiles; i++) {
-        if (i + 1 < wk.ntiles) ld.fill(wk, i + 1, sel_pos, bs);
+        if (i + 1 < wk.ntiles) pipe.step(slots + ((i + 1) % STAGES) * MLA_BN, wk, sel_pos, bs, i + 1);
         ld.wait(i);
         __syncthreads();  // tile i landed; tile i-1's stage, P, partials and row_s are free
         ld.issue(wk, i + 1, cache);

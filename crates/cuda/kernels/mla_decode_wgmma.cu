@@ -9,15 +9,18 @@
 //   K/V   2 stages of [64 keys][576] bf16, 9 atoms each (2 x 72 KB), cp.async 16 bytes a
 //         thread, rows past the split zero-filled;
 //   P     [64 heads][64 keys] bf16, 1 atom (8 KB);
-//   slots [2][64] i64, row maxima / sums [2 warpgroups][64] f32.
-// Per tile: warpgroup g computes S[:, 32g..32g+31] = Q·K^T (36 x m64n32k16, A = Q, B = the
-// tile's rows K-major), scales and masks it, and the two exchange row maxima through shared
-// memory; each writes its half of P = exp2(S - m) as bf16, rescales its O and computes
+//   slots [2][64] i64, rescale factors / row sums [64] f32 (+ 256 bytes unused).
+// Per tile (every thread copies a share of the next tile first): warpgroup 0 computes
+// S = Q·K^T (36 x m64n64k16, A = Q, B = the tile's rows K-major), scales and masks it, takes
+// the softmax (online, exp2) and writes P = exp2(S - m) as bf16 and each row's rescale factor
+// to shared memory; after a barrier both warpgroups rescale their O and compute
 // O[:, 256g..256g+255] += P·V (4 x m64n256k16, A = P, B = the same tile's first 512 columns,
 // N-major: LBO = 8 KB between 64-column atoms, SBO = 1 KB between 8-key groups). O is 128
-// f32 registers a thread. Numerics as mla_decode.cu: bf16 q, cache and P; f32 scores, softmax,
-// sums and accumulators; part [T, N, NS, 512] normalized per split, lse [T, N, NS] natural log.
-// Heads past N in the last group run on zero queries and are never written.
+// f32 registers a thread. (Splitting S over the two warpgroups, m64n32 each with the row
+// maxima exchanged, measured 5-10% slower: bench/cuda/mla_decode.md.) Numerics as
+// mla_decode.cu: bf16 q, cache and P; f32 scores, softmax, sums and accumulators; part
+// [T, N, NS, 512] normalized per split, lse [T, N, NS] natural log. Heads past N in the last
+// group run on zero queries and are never written.
 // Only sm_90a has wgmma: elsewhere the kernel traps, and the host never launches it there.
 
 #define MLW_ATOM 8192                      // 64 rows x 128 bytes
@@ -52,16 +55,19 @@ __device__ __forceinline__ void mlw_pin(float* d) {
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// d[16] (+)= A·B, m64n32k16, bf16 operands from shared memory (descriptors), f32
+// d[32] (+)= A·B, m64n64k16, bf16 operands from shared memory (descriptors), f32
 // accumulators; B K-major. acc = 0 overwrites d.
-__device__ __forceinline__ void mlw_mma_n32(float* d, unsigned long long da, unsigned long long db, int acc) {
+__device__ __forceinline__ void mlw_mma_n64(float* d, unsigned long long da, unsigned long long db, int acc) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-        "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
         : "l"(da), "l"(db), "r"(acc)
         : "memory");
 }
@@ -101,36 +107,118 @@ __device__ __forceinline__ void mlw_mma_n256t(float* d, unsigned long long da, u
         : "memory");
 }
 
-// Slots of tile `tile` into slots[tile % 2] (threads 0..63).
-__device__ __forceinline__ void mlw_fill(i64* slots, const MlaWork& w, int tile, const int* sel_pos,
-                                         int bs) {
-    if (threadIdx.x < 64) {
-        const int kk = w.k0 + tile * 64 + threadIdx.x;
-        i64 s = -1;
-        if (kk < w.k1) {
-            const int pos = w.so < 0 ? kk : sel_pos[w.so + kk];
-            s = (i64)w.bt[pos / bs] * bs + pos % bs;
-        }
-        slots[(tile % 2) * 64 + threadIdx.x] = s;
-    }
-}
-
 // Starts the copy of tile `tile` into stage tile % 2 if it exists; one cp.async group always.
+// Thread t copies row t/4 (one slot read): 16-byte chunks t%4 + 4k, k < 18, i.e. chunks t%4
+// and t%4 + 4 of each atom, at constant offsets from two per-thread bases (a warp reads 64
+// contiguous bytes of each of 8 rows an instruction).
 __device__ __forceinline__ void mlw_issue(const i64* slots, unsigned kv, const MlaWork& w, int tile,
                                           const bf16* cache) {
     if (tile < w.ntiles) {
-        const i64* sl = slots + (tile % 2) * 64;
-        const unsigned stage = kv + (tile % 2) * MLW_TILE;
-        for (int c = threadIdx.x; c < 64 * MLA_CHUNKS; c += MLA_THREADS) {
-            const int r = c / MLA_CHUNKS, col = c - r * MLA_CHUNKS;
-            const i64 s = sl[r];
-            const bf16* src = cache + (s < 0 ? 0 : s) * MLA_W + col * 8;
-            mla_cp16(stage + (col >> 3) * MLW_ATOM + mlw_swz(r, col & 7), src, s < 0 ? 0 : 16);
+        const int r = threadIdx.x >> 2, c = threadIdx.x & 3;
+        const i64 s = slots[(tile % 2) * 64 + r];
+        const char* src = (const char*)(cache + (s < 0 ? 0 : s) * MLA_W) + 16 * c;
+        const unsigned dst = kv + (tile % 2) * MLW_TILE + r * 128;
+        const unsigned d0 = dst + ((c ^ (r & 7)) << 4), d1 = dst + (((c + 4) ^ (r & 7)) << 4);
+        const int bytes = s < 0 ? 0 : 16;
+#pragma unroll
+        for (int a = 0; a < 9; a++) {
+            mla_cp16(d0 + a * MLW_ATOM, src + 128 * a, bytes);
+            mla_cp16(d1 + a * MLW_ATOM, src + 128 * a + 64, bytes);
         }
     }
     mla_commit();
 }
 
+// Scores of a tile (warpgroup 0: all 64 keys, m64n64 over 36 k-steps), started here and
+// finished by mlw_scores_finish, so that the tile copies are issued while they run.
+// x[4j + e] is row r0 (e < 2) or r0 + 8, key 8j + 2qd + (e & 1).
+template <int ABL>
+__device__ __forceinline__ void mlw_scores_issue(float* x, unsigned q_s, unsigned tile) {
+    if constexpr ((ABL & 4) == 0) {
+        // A descriptor's low 14 bits are the address / 16, so a k-step moves both by a constant.
+        const unsigned long long dq = mlw_desc(q_s, 16, 1024), dk = mlw_desc(tile, 16, 1024);
+        mlw_fence();
+#pragma unroll
+        for (int ks = 0; ks < MLA_KSTEPS; ks++) {
+            const unsigned off = ((ks >> 2) * MLW_ATOM + (ks & 3) * 32) >> 4;
+            mlw_mma_n64(x, dq + off, dk + off, ks > 0);
+        }
+        mlw_commit();
+    }
+}
+
+// Waits for the scores; keys past cnt at -inf (unscaled: the softmax folds the scale in).
+template <int ABL>
+__device__ __forceinline__ void mlw_scores_finish(float* x, int cnt, int qd) {
+    if constexpr ((ABL & 4) != 0) {
+#pragma unroll
+        for (int e = 0; e < 32; e++) x[e] = 0.f;
+    } else {
+        mlw_wait0();
+        mlw_pin<32>(x);
+    }
+    if (cnt < 64) {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (8 * j + 2 * qd + (e & 1) >= cnt) x[4 * j + e] = -INFINITY;
+    }
+}
+
+// Row maxima of x over this thread's quad (its two rows' 64 keys).
+__device__ __forceinline__ void mlw_rowmax(const float* x, float& mx0, float& mx1) {
+    mx0 = -INFINITY;
+    mx1 = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        mx0 = fmaxf(mx0, fmaxf(x[4 * j], x[4 * j + 1]));
+        mx1 = fmaxf(mx1, fmaxf(x[4 * j + 2], x[4 * j + 3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+}
+
+// P = exp2(x * scale - m) as bf16 into the P atom (16-byte chunk j holds keys 8j..8j+7);
+// returns the row sums of this thread's entries.
+__device__ __forceinline__ void mlw_probs(const float* x, float scale, float n0, float n1,
+                                          unsigned p_s, int r0, int qd, float& ps0, float& ps1) {
+    ps0 = 0.f;
+    ps1 = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const float p0 = mla_exp2(fmaf(x[4 * j], scale, -n0)), p1 = mla_exp2(fmaf(x[4 * j + 1], scale, -n0));
+        const float p2 = mla_exp2(fmaf(x[4 * j + 2], scale, -n1)), p3 = mla_exp2(fmaf(x[4 * j + 3], scale, -n1));
+        ps0 += p0 + p1;
+        ps1 += p2 + p3;
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(p_s + mlw_swz(r0, j) + 4 * qd),
+                     "r"(mla_pack(p0, p1))
+                     : "memory");
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(p_s + mlw_swz(r0 + 8, j) + 4 * qd),
+                     "r"(mla_pack(p2, p3))
+                     : "memory");
+    }
+}
+
+// O *= the rows' rescale factors; skipped when the warp's are all 1 (the running maxima did
+// not move: most tiles once the context is long).
+__device__ __forceinline__ void mlw_rescale(float* o, float a0, float a1) {
+    if (__all_sync(0xffffffffu, a0 == 1.f && a1 == 1.f)) return;
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+        o[4 * j] *= a0;
+        o[4 * j + 1] *= a0;
+        o[4 * j + 2] *= a1;
+        o[4 * j + 3] *= a1;
+    }
+}
+
+// ABL (kernel lab only, outputs are not attention): bit 0 copies only the first two tiles and
+// reuses them, bit 1 leaves out P·V, bit 2 leaves out S (scores of zero). Time differences
+// between these and ABL = 0 place the time of a tile (bench/cuda/mla_decode.md).
+template <int ABL>
 __device__ __forceinline__ void mlw_body(const float* q_lat, const float* q, const bf16* cache,
                                          float* part, float* lse, const int* n_keys,
                                          const int* sel_off, const int* sel_pos,
@@ -149,14 +237,24 @@ __device__ __forceinline__ void mlw_body(const float* q_lat, const float* q, con
     const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, wq = (tid >> 5) & 3;
     const int r0 = 16 * wq + (lane >> 2), r1 = r0 + 8, qd = lane & 3;
 
-    // Q rows as bf16 in the swizzled layout: thread per 16-byte chunk (8 columns), coalesced.
+    // Q rows as bf16 in the swizzled layout: thread per 16-byte chunk (8 columns), coalesced;
+    // two float4 loads a chunk where the rope part's rows are 16-byte aligned (P % 4 == 0).
     for (int i = tid; i < 64 * MLA_CHUNKS; i += MLA_THREADS) {
-        const int r = i / MLA_CHUNKS, c = i - r * MLA_CHUNKS;
+        const int r = i / MLA_CHUNKS, c = i - r * MLA_CHUNKS, h = h0 + r;
+        float x[8];
+        if (h < nh && (c < MLA_L / 8 || (p_dim & 3) == 0)) {
+            const float* src = c < MLA_L / 8
+                                   ? q_lat + ((i64)t * nh + h) * MLA_L + 8 * c
+                                   : q + ((i64)t * nh + h) * (p_dim + MLA_R) + p_dim + 8 * c - MLA_L;
+            const float4 a = *(const float4*)src, b = *(const float4*)(src + 4);
+            x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; e++) x[e] = mla_q(q_lat, q, t, h, 8 * c + e, nh, p_dim);
+        }
         unsigned w[4];
 #pragma unroll
-        for (int e = 0; e < 4; e++)
-            w[e] = mla_pack(mla_q(q_lat, q, t, h0 + r, 8 * c + 2 * e, nh, p_dim),
-                            mla_q(q_lat, q, t, h0 + r, 8 * c + 2 * e + 1, nh, p_dim));
+        for (int e = 0; e < 4; e++) w[e] = mla_pack(x[2 * e], x[2 * e + 1]);
         asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(q_s + (c >> 3) * MLW_ATOM +
                                                                      mlw_swz(r, c & 7)),
                      "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
@@ -166,117 +264,84 @@ __device__ __forceinline__ void mlw_body(const float* q_lat, const float* q, con
     float o[128];
 #pragma unroll
     for (int i = 0; i < 128; i++) o[i] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows r0, r1; l over own keys
+    // Rows r0, r1: running max and, in warpgroup 0, the sum over this thread's keys.
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
 
-    if (0 < wk.ntiles) mlw_fill(slots, wk, 0, sel_pos, bs);
+    MlaSlotPipe pipe;
+    if (0 < wk.ntiles) {
+        pipe.start(wk, sel_pos, bs, 0);
+        pipe.step(slots, wk, sel_pos, bs, 0);
+    }
     __syncthreads();  // slots of tile 0
     mlw_issue(slots, kv, wk, 0, cache);
 
     for (int i = 0; i < wk.ntiles; i++) {
-        if (i + 1 < wk.ntiles) mlw_fill(slots, wk, i + 1, sel_pos, bs);
+        if (i + 1 < wk.ntiles) pipe.step(slots + ((i + 1) % 2) * 64, wk, sel_pos, bs, i + 1);
         mla_wait<0>();
         mlw_proxy_fence();
         __syncthreads();  // tile i (and Q) landed for all; P·V of tile i-1 done everywhere
-        mlw_issue(slots, kv, wk, i + 1, cache);
-
         const unsigned tile = kv + (i % 2) * MLW_TILE;
         const int cnt = min(64, wk.k1 - (wk.k0 + i * 64));
 
-        // S[:, 32wg..32wg+31] over 36 k-steps of 16 columns (4 per atom, 32 bytes apart).
-        float s[16];
-        mlw_fence();
-#pragma unroll
-        for (int ks = 0; ks < MLA_KSTEPS; ks++) {
-            const unsigned off = (ks >> 2) * MLW_ATOM + (ks & 3) * 32;
-            mlw_mma_n32(s, mlw_desc(q_s + off, 16, 1024),
-                        mlw_desc(tile + off + wg * 32 * 128, 16, 1024), ks > 0);
-        }
-        mlw_commit();
-        mlw_wait0();
-        mlw_pin<16>(s);
-
-        // s[4j + e]: row r0 (e < 2) or r1, key 32wg + 8j + 2qd + (e & 1).
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = 32 * wg + 8 * j + 2 * qd + (e & 1);
-                const float x = key < cnt ? s[4 * j + e] * scale_log2 : -INFINITY;
-                s[4 * j + e] = x;
-                if (e < 2) mx0 = fmaxf(mx0, x);
-                else mx1 = fmaxf(mx1, x);
+        // Warpgroup 0: S (started before the next tile's copies are issued), the softmax, P
+        // into shared memory, the rescale factors into `red`.
+        float x[32];
+        if (wg == 0) mlw_scores_issue<ABL>(x, q_s, tile);
+        if (!(ABL & 1) || i == 0) mlw_issue(slots, kv, wk, i + 1, cache);
+        if (wg == 0) {
+            mlw_scores_finish<ABL>(x, cnt, qd);
+            float mx0, mx1;
+            mlw_rowmax(x, mx0, mx1);
+            const float n0 = fmaxf(m0, mx0 * scale_log2), n1 = fmaxf(m1, mx1 * scale_log2);
+            const float a0 = mla_exp2(m0 - n0), a1 = mla_exp2(m1 - n1);  // 0 while m was -inf
+            m0 = n0;
+            m1 = n1;
+            float ps0, ps1;
+            mlw_probs(x, scale_log2, n0, n1, p_s, r0, qd, ps0, ps1);
+            l0 = l0 * a0 + ps0;
+            l1 = l1 * a1 + ps1;
+            if (qd == 0) {
+                red[r0] = a0;
+                red[r1] = a1;
             }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        if (qd == 0) {
-            red[wg * 64 + r0] = mx0;
-            red[wg * 64 + r1] = mx1;
+            mlw_rescale(o, a0, a1);
+            mlw_proxy_fence();
         }
-        __syncthreads();  // both halves' row maxima
-        const float n0 = fmaxf(m0, fmaxf(mx0, red[(1 - wg) * 64 + r0]));
-        const float n1 = fmaxf(m1, fmaxf(mx1, red[(1 - wg) * 64 + r1]));
-        const float a0 = mla_exp2(m0 - n0), a1 = mla_exp2(m1 - n1);  // 0 while m was -inf
-        m0 = n0;
-        m1 = n1;
-        float ps0 = 0.f, ps1 = 0.f;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const float p0 = mla_exp2(s[4 * j] - n0), p1 = mla_exp2(s[4 * j + 1] - n0);
-            const float p2 = mla_exp2(s[4 * j + 2] - n1), p3 = mla_exp2(s[4 * j + 3] - n1);
-            ps0 += p0 + p1;
-            ps1 += p2 + p3;
-            const int chunk = 4 * wg + j;
-            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(p_s + mlw_swz(r0, chunk) + 4 * qd),
-                         "r"(mla_pack(p0, p1))
-                         : "memory");
-            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(p_s + mlw_swz(r1, chunk) + 4 * qd),
-                         "r"(mla_pack(p2, p3))
-                         : "memory");
-        }
-        l0 = l0 * a0 + ps0;
-        l1 = l1 * a1 + ps1;
-#pragma unroll
-        for (int j = 0; j < 32; j++) {
-            o[4 * j] *= a0;
-            o[4 * j + 1] *= a0;
-            o[4 * j + 2] *= a1;
-            o[4 * j + 3] *= a1;
-        }
-        mlw_proxy_fence();
-        __syncthreads();  // P complete
+        __syncthreads();  // P and the rescale factors complete
+        if (wg == 1) mlw_rescale(o, red[r0], red[r1]);
 
         // O[:, 256wg..] += P·V: 4 k-steps of 16 keys (2 KB apart), B from atoms 4wg..4wg+3.
-        mlw_pin<128>(o);
-        mlw_fence();
+        if constexpr ((ABL & 2) == 0) {
+            const unsigned long long dp = mlw_desc(p_s, 16, 1024);
+            const unsigned long long dv = mlw_desc(tile + 4 * wg * MLW_ATOM, MLW_ATOM, 1024);
+            mlw_pin<128>(o);
+            mlw_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++)
-            mlw_mma_n256t(o, mlw_desc(p_s + kk * 32, 16, 1024),
-                          mlw_desc(tile + 4 * wg * MLW_ATOM + kk * 16 * 128, MLW_ATOM, 1024), 1);
-        mlw_commit();
-        mlw_wait0();
-        mlw_pin<128>(o);
+            for (int kk = 0; kk < 4; kk++) mlw_mma_n256t(o, dp + 2 * kk, dv + 128 * kk, 1);
+            mlw_commit();
+            mlw_wait0();
+            mlw_pin<128>(o);
+        }
     }
     mla_wait<0>();
 
-    // Row sums: the quad, then the two warpgroups (every reader of `red` passed the barrier
-    // before the last P·V, or there was no tile).
+    // Row sums (warpgroup 0's quads) to both warpgroups. `red` is free once every thread has
+    // passed the barrier below (its last readers read it before their last P·V).
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    if (qd == 0) {
-        red[wg * 64 + r0] = l0;
-        red[wg * 64 + r1] = l1;
+    __syncthreads();
+    if (wg == 0 && qd == 0) {
+        red[r0] = l0;
+        red[r1] = l1;
     }
     __syncthreads();
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
         const int row = hh ? r1 : r0, h = h0 + row;
         if (h >= nh) continue;
-        const float l = red[row] + red[64 + row], m = hh ? m1 : m0;
+        const float l = red[row], m = hh ? m1 : m0;
         const float inv = l > 0.f ? 1.f / l : 0.f;
         const i64 b = ((i64)t * nh + h) * ns + wk.sp;
         float* dst = part + b * MLA_L + 256 * wg + 2 * qd;
@@ -288,10 +353,18 @@ __device__ __forceinline__ void mlw_body(const float* q_lat, const float* q, con
 }
 #endif  // MLW_OK
 
-extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_w64(MLA_PARAMS) {
 #ifdef MLW_OK
-    mlw_body(MLA_ARGS);
+#define MLW_CALL(ABL) mlw_body<ABL>(MLA_ARGS);
 #else
-    __trap();
+#define MLW_CALL(ABL) __trap();
 #endif
-}
+extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_w64(MLA_PARAMS) { MLW_CALL(0) }
+// Kernel-lab ablations of mla_decode_w64 (see mlw_body).
+#define MLW_ABLATION(NAME, ABL) \
+    extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) NAME(MLA_PARAMS) { MLW_CALL(ABL) }
+MLW_ABLATION(mla_decode_w64_noload, 1)  // compute only
+MLW_ABLATION(mla_decode_w64_nopv, 2)    // loads, S, softmax
+MLW_ABLATION(mla_decode_w64_nos, 4)     // loads, softmax, P·V
+MLW_ABLATION(mla_decode_w64_s, 3)       // S and softmax
+MLW_ABLATION(mla_decode_w64_pv, 5)      // softmax and P·V
+MLW_ABLATION(mla_decode_w64_bare, 7)    // softmax, barriers and the rest

@@ -886,7 +886,7 @@ impl CudaExecutor {
             batch: n,
             beta: 0.0,
         })?;
-        // The tensor-core kernel (16/32 heads per block) and its measured split rule; it
+        // The tensor-core kernel (16, 32 or 64 heads per block) and its measured split rule; it
         // falls back to the CUDA-core kernel for other latent widths, older GPUs or too
         // little shared memory.
         let splits = gpu.mqa_tc_splits(t, n, max_keys, MQA_MAX_SPLITS)?;

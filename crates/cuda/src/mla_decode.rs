@@ -1,15 +1,16 @@
-//! Tensor-core absorbed MLA decode (`kernels/mla_decode.cu`): the contract of
-//! [`Gpu::attn_mqa`] — q_lat [T, N, L] f32, the rope part of q [T, N*(P+R)] f32, the paged bf16
-//! latent cache [slots, L+R], per-query key lists, a split of each key list over `splits`
-//! blocks and the LSE combine → o_lat [T, N, L] bf16 — on mma.sync m16n8k16 bf16 tensor cores.
+//! Tensor-core absorbed MLA decode (`kernels/mla_decode.cu`, `kernels/mla_decode_wgmma.cu`):
+//! the contract of [`Gpu::attn_mqa`] — q_lat [T, N, L] f32, the rope part of q [T, N*(P+R)]
+//! f32, the paged bf16 latent cache [slots, L+R], per-query key lists, a split of each key list
+//! over `splits` blocks and the LSE combine → o_lat [T, N, L] bf16 — on mma.sync m16n8k16
+//! (sm_80+) or wgmma (sm_90a) bf16 tensor cores.
 //!
 //! Invariants: the kernels are written for the latent row of DeepSeek-V2/V3 and GLM-5,
 //! L = kv_lora_rank = 512, R = qk_rope_head_dim = 64, and sm_80 or newer (bf16 mma, cp.async;
-//! the copy-engine variants sm_90); [`Gpu::attn_mqa_tc`] runs the CUDA-core kernel for any
-//! other row or an older GPU. A block serves 16 or 32 heads of one token and one split, so the
-//! grid reads each cache row once per 16 (or 32) heads. Each block takes 172-229 KB of shared
-//! memory: one block per SM, so the split count decides how well the SMs fill
-//! ([`Gpu::mqa_tc_splits`]; more splits than that cost 30-45% in the kernel lab).
+//! the copy-engine variants sm_90, the wgmma one exactly sm_90a); [`Gpu::attn_mqa_tc`] runs the
+//! CUDA-core kernel for any other row or an older GPU. A block serves 16, 32 or 64 heads of one
+//! token and one split, so the grid reads each cache row once per 16 (32, 64) heads. Each block
+//! takes 172-227 KB of shared memory: one block per SM, so the split count decides how well the
+//! SMs fill ([`Gpu::mqa_tc_splits`]; more splits than that cost 30-45% in the kernel lab).
 //! `part` [T*N*splits*L] and `lse` [T*N*splits] are scratch, as for [`Gpu::attn_mqa`].
 //! Measured variants, peer and ceilings: bench/cuda/mla_decode.md.
 
@@ -45,8 +46,9 @@ pub enum MlaVariant {
     M1S3B,
     /// M2K with the cache rows copied by the sm_90 copy engine.
     M2KB,
-    /// 64 heads a block on sm_90a warpgroup MMA (wgmma, `kernels/mla_decode_wgmma.cu`): two
-    /// warpgroups split S over keys and O over columns; Q, K/V and P in swizzled shared memory.
+    /// 64 heads a block on sm_90a warpgroup MMA (wgmma, `kernels/mla_decode_wgmma.cu`):
+    /// warpgroup 0 computes S and the softmax, both compute half of O; Q, K/V and P in
+    /// swizzled shared memory.
     W64,
 }
 
@@ -125,12 +127,13 @@ impl MlaVariant {
     }
 
     /// The default for a head count on a GPU of NVRTC arch `arch`, the fastest in the kernel
-    /// lab on the H200 (bench/cuda/mla_decode.md): from 64 heads up, 64 heads a block on wgmma
-    /// where the GPU has it; from 32, 32 heads a block with the feature-split S; else 16 heads
-    /// with Q in registers and 3 stages. The copy-engine variants measured 15-25% slower and
-    /// are not chosen.
+    /// lab on the H200 (bench/cuda/mla_decode.md): on sm_90a the wgmma kernel for every head
+    /// count (at 16 heads it pads the block to 64 rows and still streams the cache at 83-102%
+    /// of the copy ceiling, against 70-84% for M1S3Q); elsewhere from 32 heads 32 a block with
+    /// the feature-split S, else 16 heads with Q in registers and 3 stages. The copy-engine
+    /// variants measured 15-25% slower and are not chosen.
     pub fn choose(heads: usize, arch: &str) -> Self {
-        if heads >= 64 && MlaVariant::W64.runs_on(arch) {
+        if MlaVariant::W64.runs_on(arch) {
             MlaVariant::W64
         } else if heads >= 32 {
             MlaVariant::M2K
@@ -159,7 +162,7 @@ impl Gpu {
         lse: u64,
         o_lat: u64,
     ) -> Result<()> {
-        let v = MlaVariant::choose(d.heads, self.arch);
+        let v = self.mqa_tc_variant(d.heads);
         if d.l != TC_L
             || d.r != TC_R
             || !v.runs_on(self.arch)
@@ -215,6 +218,45 @@ impl Gpu {
         lse: u64,
         o_lat: u64,
     ) -> Result<()> {
+        self.attn_mqa_tc_kernel(
+            v,
+            v.kernel(),
+            d,
+            q_lat,
+            q,
+            cache,
+            keys,
+            block_tables,
+            bt_off,
+            block_size,
+            splits,
+            part,
+            lse,
+            o_lat,
+        )
+    }
+
+    /// Variant `v`'s launch with kernel `name` in its place: `v.kernel()`, or one of the
+    /// kernel lab's ablations of it (`mla_decode_w64_noload`, ...: a stage left out, so their
+    /// outputs are not attention), which share its grid, block and shared memory.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attn_mqa_tc_kernel(
+        &self,
+        v: MlaVariant,
+        name: &'static str,
+        d: &AttnDims,
+        q_lat: u64,
+        q: u64,
+        cache: u64,
+        keys: &KeyLists,
+        block_tables: u64,
+        bt_off: u64,
+        block_size: usize,
+        splits: usize,
+        part: u64,
+        lse: u64,
+        o_lat: u64,
+    ) -> Result<()> {
         if d.l != TC_L || d.r != TC_R {
             return Err(CudaError::Invalid(format!(
                 "tensor-core MLA decode needs a latent row of {TC_L}+{TC_R}, got {}+{}",
@@ -240,7 +282,6 @@ impl Gpu {
                 d.t
             )));
         }
-        let name = v.kernel();
         let smem = v.smem_bytes();
         self.raise_smem(name, smem)?;
         let cfg = LaunchConfig {
@@ -280,6 +321,18 @@ impl Gpu {
         )
     }
 
+    /// The variant [`Gpu::attn_mqa_tc`] runs for `heads` heads: [`MlaVariant::choose`], with
+    /// the wgmma kernel left out under `MLASERVE_WGMMA_DECODE=0` (a knob for comparisons).
+    pub fn mqa_tc_variant(&self, heads: usize) -> MlaVariant {
+        static WGMMA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let wgmma = *WGMMA
+            .get_or_init(|| std::env::var("MLASERVE_WGMMA_DECODE").map_or(true, |v| v != "0"));
+        match MlaVariant::choose(heads, self.arch) {
+            MlaVariant::W64 if !wgmma => MlaVariant::choose(heads, "sm_90"),
+            v => v,
+        }
+    }
+
     /// A split count for [`Gpu::attn_mqa_tc`]: one block per SM runs at a time, so take the
     /// count whose last wave fills the SMs best (fewest splits within 3% of the best), with
     /// at least 256 keys a split and at most `max_splits`.
@@ -291,7 +344,7 @@ impl Gpu {
         max_splits: usize,
     ) -> Result<usize> {
         let sms = self.sm_count;
-        let v = MlaVariant::choose(heads, self.arch);
+        let v = self.mqa_tc_variant(heads);
         let groups = t.max(1) * heads.div_ceil(v.heads_per_block());
         Ok(pick_splits(groups, sms, max_keys, max_splits))
     }
@@ -345,8 +398,9 @@ mod tests {
         assert!(!MlaVariant::M1S3Q.runs_on("sm_75"));
         assert!(MlaVariant::W64.runs_on("sm_90a") && !MlaVariant::W64.runs_on("sm_90"));
         assert!(!MlaVariant::W64.runs_on("sm_100") && MlaVariant::M2K.runs_on("sm_90a"));
-        assert_eq!(MlaVariant::choose(16, "sm_90a"), MlaVariant::M1S3Q);
-        assert_eq!(MlaVariant::choose(32, "sm_90a"), MlaVariant::M2K);
+        assert_eq!(MlaVariant::choose(16, "sm_90a"), MlaVariant::W64);
+        assert_eq!(MlaVariant::choose(16, "sm_90"), MlaVariant::M1S3Q);
+        assert_eq!(MlaVariant::choose(32, "sm_80"), MlaVariant::M2K);
         assert_eq!(MlaVariant::choose(64, "sm_90a"), MlaVariant::W64);
         assert_eq!(MlaVariant::choose(128, "sm_90a"), MlaVariant::W64);
         assert_eq!(MlaVariant::choose(128, "sm_89"), MlaVariant::M2K);

@@ -104,7 +104,7 @@ def main():
         print(f"check B{b} H{h} ctx{ctx}: rel err {err:.3e}")
         checks.append({"batch": b, "heads": h, "ctx": ctx, "rel_err": err})
     rows, table = [], []
-    for b, h, ctx in [(64, 16, 4096), (128, 16, 8192), (64, 64, 4096), (64, 128, 4096), (128, 128, 4096)]:
+    for b, h, ctx in [(64, 16, 4096), (128, 16, 8192), (64, 32, 4096), (64, 64, 4096), (64, 128, 4096), (128, 128, 4096)]:
         kv, rt, q, seq = make(b, h, ctx, b * 1000 + h + ctx)
         nbytes = b * ctx * W * 2 + b * h * W * 4 + b * h * L * 2
         flops = 2 * b * h * ctx * (W + L)

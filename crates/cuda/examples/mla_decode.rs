@@ -12,7 +12,7 @@
 //!
 //! ```text
 //! cargo run --release -p mlaserve-cuda --example mla_decode -- [--json out.json]
-//!     [--no-bulk] [--shape i] [--variant M1S3Q]
+//!     [--no-bulk] [--shape i] [--variant M1S3Q] [--ablate]
 //! ```
 
 #[path = "common/mod.rs"]
@@ -20,7 +20,7 @@ mod common;
 
 use common::{random_bf16, random_f32, time_us};
 use cudarc::driver::sys::CUfunction_attribute;
-use mlaserve_cuda::mla_decode::MlaVariant;
+use mlaserve_cuda::mla_decode::{MlaVariant, W64_ABLATIONS};
 use mlaserve_cuda::ops::{AttnDims, KeyLists};
 use mlaserve_cuda::{DBuf, Gpu};
 
@@ -150,15 +150,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let want = gpu.to_host(&reference)?;
         let heuristic = gpu.mqa_tc_splits(b, heads, ctx, max_splits)?;
         if ablate && heads >= 64 && MlaVariant::W64.runs_on(gpu.arch) {
-            for name in [
-                "mla_decode_w64",
-                "mla_decode_w64_noload",
-                "mla_decode_w64_nopv",
-                "mla_decode_w64_nos",
-                "mla_decode_w64_s",
-                "mla_decode_w64_pv",
-                "mla_decode_w64_bare",
-            ] {
+            for name in std::iter::once(MlaVariant::W64.kernel()).chain(W64_ABLATIONS) {
                 let run = || {
                     gpu.attn_mqa_tc_kernel(
                         MlaVariant::W64,

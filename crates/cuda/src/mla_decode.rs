@@ -30,6 +30,17 @@ const ROW_BYTES: usize = 584 * 2;
 const P_ROW_BYTES: usize = 72 * 2;
 const W64_TILE_BYTES: usize = 9 * 8192; // 64 rows x 576 bf16 as nine 64-column swizzled atoms
 
+/// The kernel lab's ablations of W64's kernel (`mla_decode_wgmma.cu`: a stage left out, so
+/// their outputs are not attention), for [`Gpu::attn_mqa_tc_kernel`] with [`MlaVariant::W64`].
+pub const W64_ABLATIONS: [&str; 6] = [
+    "mla_decode_w64_noload",
+    "mla_decode_w64_nopv",
+    "mla_decode_w64_nos",
+    "mla_decode_w64_s",
+    "mla_decode_w64_pv",
+    "mla_decode_w64_bare",
+];
+
 /// One compiled variant of the kernel (see mla_decode.cu).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MlaVariant {
@@ -389,6 +400,17 @@ mod tests {
         assert_eq!(MlaVariant::M1S3Q.smem_bytes(), 228_608 + 24);
         assert_eq!(MlaVariant::M2K.smem_bytes(), 192_128 + 16);
         assert_eq!(MlaVariant::W64.smem_bytes(), 231_936);
+    }
+
+    #[test]
+    fn every_variant_and_ablation_is_a_loaded_kernel() {
+        for name in MlaVariant::ALL
+            .map(MlaVariant::kernel)
+            .iter()
+            .chain(&W64_ABLATIONS)
+        {
+            assert!(crate::kernels::NAMES.contains(name), "{name}");
+        }
     }
 
     #[test]

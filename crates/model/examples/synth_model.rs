@@ -8,7 +8,11 @@
 //! V 256, 256 experts top-8 + 1 shared, moe_intermediate 2048, DSA indexer 32 x 128 top-2048;
 //! default 3 layers, the first dense) or `v2-lite` (DeepSeek-V2-Lite: hidden 2048, 27 layers,
 //! 16 heads, no q_lora, kv_lora 512, P 128, R 64, V 128, 64 experts top-6 + 2 shared,
-//! moe_intermediate 1408, vocab 102400). Matrices are bf16 uniform in ±0.03, cut from one
+//! moe_intermediate 1408, vocab 102400), or `l512-tiny` / `l512-tiny-dsa` (hidden 256, 2
+//! layers, 64 heads, kv_lora 512, R 64, P 32, V 32, 8 experts top-2 + 1 shared, vocab 1024;
+//! the second GLM-5's arch with q_lora 128 and a DSA indexer 4 x 128 top-16: for checking the
+//! GPU's decode kernels, written for the 512 + 64 latent row, against the CPU end to end).
+//! Matrices are bf16 uniform in ±0.03, cut from one
 //! random pool as large as the largest tensor (so memory stays at one tensor); norms are 1,
 //! routers f32 random, correction biases 0. `--tokenizer-from` copies every `tokenizer.*` key
 //! (for `serve`); without it the file has no tokenizer. `--type q8_0|q4_k` stores every
@@ -85,7 +89,36 @@ fn shape(name: &str, layers: Option<usize>) -> Shape {
             scale: 1.0,
             indexer: None,
         },
-        other => exit(&format!("unknown shape {other} (glm5 or v2-lite)")),
+        // Small models with the real latent row (kv_lora 512 + rope 64) and 64 heads, so that
+        // the GPU's tensor-core decode kernels (written for that row) can be checked end to end
+        // against the CPU: `logits --device cuda` against `--device cpu` (seconds on a CPU).
+        "l512-tiny" | "l512-tiny-dsa" => {
+            let dsa = name == "l512-tiny-dsa";
+            Shape {
+                arch: if dsa { "glm-dsa" } else { "deepseek2" },
+                vocab: 1024,
+                hidden: 256,
+                layers: layers.unwrap_or(2),
+                dense_layers: 1,
+                inter: 512,
+                heads: 64,
+                q_lora: dsa.then_some(128),
+                kv_lora: 512,
+                p: 32,
+                r: 64,
+                v: 32,
+                experts: 8,
+                top_k: 2,
+                shared: 1,
+                moe_inter: 128,
+                gating: if dsa { 2 } else { 1 },
+                scale: if dsa { 2.5 } else { 1.0 },
+                indexer: dsa.then_some((4, 128, 16)),
+            }
+        }
+        other => exit(&format!(
+            "unknown shape {other} (glm5, v2-lite, l512-tiny or l512-tiny-dsa)"
+        )),
     }
 }
 
@@ -115,8 +148,8 @@ fn pool(bytes: usize) -> Vec<u8> {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let usage =
-        "usage: synth_model glm5|v2-lite OUT.gguf [--layers N] [--tokenizer-from FILE.gguf] \
-         [--type bf16|q8_0|q4_k]";
+        "usage: synth_model glm5|v2-lite|l512-tiny|l512-tiny-dsa OUT.gguf [--layers N] \
+         [--tokenizer-from FILE.gguf] [--type bf16|q8_0|q4_k]";
     let flag = |f: &str| {
         args.iter().position(|a| a == f).map(|i| {
             args.get(i + 1)

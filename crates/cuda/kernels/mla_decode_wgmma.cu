@@ -215,9 +215,65 @@ __device__ __forceinline__ void mlw_rescale(float* o, float a0, float a1) {
     }
 }
 
+// Chunk i (16 bytes: 8 columns of one head's [q_lat | q_pe]) of a block's 64 query rows as f32,
+// zeros past nh; two float4 loads where the rope part's rows are 16-byte aligned (P % 4 == 0).
+__device__ __forceinline__ void mlw_q_chunk(float* x, const float* q_lat, const float* q, int t,
+                                            int h0, int nh, int p_dim, int i) {
+    const int r = i / MLA_CHUNKS, c = i - r * MLA_CHUNKS, h = h0 + r;
+    if (h < nh && (c < MLA_L / 8 || (p_dim & 3) == 0)) {
+        const float* src = c < MLA_L / 8
+                               ? q_lat + ((i64)t * nh + h) * MLA_L + 8 * c
+                               : q + ((i64)t * nh + h) * (p_dim + MLA_R) + p_dim + 8 * c - MLA_L;
+        const float4 a = *(const float4*)src, b = *(const float4*)(src + 4);
+        x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++) x[e] = mla_q(q_lat, q, t, h, 8 * c + e, nh, p_dim);
+    }
+}
+
+__device__ __forceinline__ void mlw_q_store(unsigned q_s, const float* x, int i) {
+    const int r = i / MLA_CHUNKS, c = i - r * MLA_CHUNKS;
+    unsigned w[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) w[e] = mla_pack(x[2 * e], x[2 * e + 1]);
+    asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(q_s + (c >> 3) * MLW_ATOM +
+                                                                 mlw_swz(r, c & 7)),
+                 "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                 : "memory");
+}
+
+// The block's 64 query rows as bf16 in the swizzled layout, a thread per 16-byte chunk
+// (coalesced). The stores are asm volatile, which a later chunk's loads cannot pass: one memory
+// round trip a chunk, 18 a thread. BATCHED (lab variant W64QB, not yet measured) issues six
+// chunks' loads before their stores: 3 round trips.
+template <bool BATCHED>
+__device__ __forceinline__ void mlw_stage_q(unsigned q_s, const float* q_lat, const float* q, int t,
+                                            int h0, int nh, int p_dim) {
+    if constexpr (BATCHED) {
+        constexpr int QN = 64 * MLA_CHUNKS / MLA_THREADS, QB = 6;
+        static_assert(QN * MLA_THREADS == 64 * MLA_CHUNKS && QN % QB == 0, "Q chunks per thread");
+        for (int g = 0; g < QN; g += QB) {
+            float x[QB][8];
+#pragma unroll
+            for (int u = 0; u < QB; u++)
+                mlw_q_chunk(x[u], q_lat, q, t, h0, nh, p_dim, threadIdx.x + (g + u) * MLA_THREADS);
+#pragma unroll
+            for (int u = 0; u < QB; u++) mlw_q_store(q_s, x[u], threadIdx.x + (g + u) * MLA_THREADS);
+        }
+    } else {
+        for (int i = threadIdx.x; i < 64 * MLA_CHUNKS; i += MLA_THREADS) {
+            float x[8];
+            mlw_q_chunk(x, q_lat, q, t, h0, nh, p_dim, i);
+            mlw_q_store(q_s, x, i);
+        }
+    }
+}
+
 // ABL (kernel lab only, outputs are not attention): bit 0 copies only the first two tiles and
 // reuses them, bit 1 leaves out P·V, bit 2 leaves out S (scores of zero). Time differences
-// between these and ABL = 0 place the time of a tile (bench/cuda/mla_decode.md).
+// between these and ABL = 0 place the time of a tile (bench/cuda/mla_decode.md). Bit 3 is not
+// an ablation: the batched Q staging of the lab variant W64QB.
 template <int ABL>
 __device__ __forceinline__ void mlw_body(const float* q_lat, const float* q, const bf16* cache,
                                          float* part, float* lse, const int* n_keys,
@@ -237,29 +293,7 @@ __device__ __forceinline__ void mlw_body(const float* q_lat, const float* q, con
     const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, wq = (tid >> 5) & 3;
     const int r0 = 16 * wq + (lane >> 2), r1 = r0 + 8, qd = lane & 3;
 
-    // Q rows as bf16 in the swizzled layout: thread per 16-byte chunk (8 columns), coalesced;
-    // two float4 loads a chunk where the rope part's rows are 16-byte aligned (P % 4 == 0).
-    for (int i = tid; i < 64 * MLA_CHUNKS; i += MLA_THREADS) {
-        const int r = i / MLA_CHUNKS, c = i - r * MLA_CHUNKS, h = h0 + r;
-        float x[8];
-        if (h < nh && (c < MLA_L / 8 || (p_dim & 3) == 0)) {
-            const float* src = c < MLA_L / 8
-                                   ? q_lat + ((i64)t * nh + h) * MLA_L + 8 * c
-                                   : q + ((i64)t * nh + h) * (p_dim + MLA_R) + p_dim + 8 * c - MLA_L;
-            const float4 a = *(const float4*)src, b = *(const float4*)(src + 4);
-            x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
-        } else {
-#pragma unroll
-            for (int e = 0; e < 8; e++) x[e] = mla_q(q_lat, q, t, h, 8 * c + e, nh, p_dim);
-        }
-        unsigned w[4];
-#pragma unroll
-        for (int e = 0; e < 4; e++) w[e] = mla_pack(x[2 * e], x[2 * e + 1]);
-        asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(q_s + (c >> 3) * MLW_ATOM +
-                                                                     mlw_swz(r, c & 7)),
-                     "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
-                     : "memory");
-    }
+    mlw_stage_q<(ABL & 8) != 0>(q_s, q_lat, q, t, h0, nh, p_dim);
 
     float o[128];
 #pragma unroll
@@ -359,6 +393,7 @@ __device__ __forceinline__ void mlw_body(const float* q_lat, const float* q, con
 #define MLW_CALL(ABL) __trap();
 #endif
 extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_w64(MLA_PARAMS) { MLW_CALL(0) }
+extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_w64qb(MLA_PARAMS) { MLW_CALL(8) }
 // Kernel-lab ablations of mla_decode_w64 (see mlw_body).
 #define MLW_ABLATION(NAME, ABL) \
     extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) NAME(MLA_PARAMS) { MLW_CALL(ABL) }

@@ -147,8 +147,7 @@ fn pool(bytes: usize) -> Vec<u8> {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage =
-        "usage: synth_model glm5|v2-lite|l512-tiny|l512-tiny-dsa OUT.gguf [--layers N] \
+    let usage = "usage: synth_model glm5|v2-lite|l512-tiny|l512-tiny-dsa OUT.gguf [--layers N] \
          [--tokenizer-from FILE.gguf] [--type bf16|q8_0|q4_k]";
     let flag = |f: &str| {
         args.iter().position(|a| a == f).map(|i| {

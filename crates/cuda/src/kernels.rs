@@ -17,6 +17,7 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/mla_decode_wgmma.cu"),
     include_str!("../kernels/qgemv.cu"),
     include_str!("../kernels/flash_attn.cu"),
+    include_str!("../kernels/flash_attn_wgmma.cu"),
     include_str!("../kernels/moe_grouped.cu"),
 );
 
@@ -84,6 +85,8 @@ pub const NAMES: &[&str] = &[
     "fa_fwd_d192v128_m2",
     "fa_fwd_d192v128_m2n32",
     "fa_fwd_d128_m2",
+    "fa_fwd_wg_d192v128",
+    "fa_fwd_wg_d256",
     "moe_sort",
     "moe_gemm",
     "moe_gemm_m4",

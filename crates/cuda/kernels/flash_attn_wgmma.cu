@@ -1,0 +1,316 @@
+// Tensor-core prefill attention on sm_90a warpgroup MMA (wgmma): the contract of
+// flash_attn.cu's kernels (packed bf16 qb [T, N, DQ], kb [S, N, DQ], vb [S, N, DV]; query
+// tiles of one sequence; token t attends keys 0..n_keys[t] at rows kv_base[t] + p; out f32
+// [T, N, v_dim]) for lab variants. WRITTEN IN SESSION 5 AFTER ITS DEVICE TIME RAN OUT AND NOT
+// YET RUN ON A GPU: the op table and the lab (examples/flash_attn.rs) check it against the CPU
+// and the CUDA-core kernel before anything else uses it; the executor never chooses it.
+//
+// A block is (query tile of up to 128 tokens, head): two warpgroups of 64 query rows each
+// (warp w of a warpgroup owns 16 rows), sharing K/V tiles of BN keys. Shared memory from a
+// 1024-byte-aligned base, every matrix in the 128-byte-swizzled layout of the decode kernel
+// (mla_decode_wgmma.cu): Q [128][DQ] (DQ/64 atoms of 128 rows), K 2 x [BN][DQ], V 2 x [BN][DV]
+// (atoms of BN rows), copied by cp.async. Per key tile each warpgroup computes
+// S = Q·K^T (wgmma m64nBNk16, A = its 64 Q rows, B = K rows K-major), masks keys >= n_keys
+// of the row, takes the online softmax (exp2, scale folded into the FFMA; a row's BN keys sit
+// in one quad, so no exchange between warps), keeps P in registers as the A fragments of
+// O += P·V (wgmma m64nDVk16 with A from registers: the accumulator layout of S is the A
+// fragment layout, as for mma.sync) with V N-major (LBO = one atom of BN rows, SBO = 8 rows).
+// Numerics as flash_attn.cu: bf16 q, k, v and P; f32 scores, softmax, sums, accumulators.
+
+#ifdef MLW_OK
+
+// d[64] (+)= A·B, m64n128k16, bf16 operands from shared memory (descriptors), f32
+// accumulators; B K-major. acc = 0 overwrites d.
+__device__ __forceinline__ void fw_mma_n128(float* d, unsigned long long da, unsigned long long db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(acc)
+        : "memory");
+}
+
+// d[64] (+)= A·B, m64n128k16: A (bf16, 4 registers a thread: the m16n8k16 A fragment of
+// this warp's 16 rows) from registers, B from shared memory, N-major (transposed); f32.
+__device__ __forceinline__ void fw_mma_rs_n128t(float* d, const unsigned* a, unsigned long long db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1)
+        : "memory");
+}
+
+// d[128] (+)= A·B, m64n256k16: A (bf16, 4 registers a thread: the m16n8k16 A fragment of
+// this warp's 16 rows) from registers, B from shared memory, N-major (transposed); f32.
+__device__ __forceinline__ void fw_mma_rs_n256t(float* d, const unsigned* a, unsigned long long db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1)
+        : "memory");
+}
+
+// Rows [0, rows) of a [*, D] bf16 source (row stride `stride`) into a swizzled [rows][D] tile
+// of D/64 atoms `atom` bytes apart; rows >= valid are zero-filled.
+template <int D, int ROWS>
+__device__ __forceinline__ void fw_load(unsigned dst, const bf16* src, i64 stride, int valid) {
+    constexpr int CH = D / 8;
+    for (int i = threadIdx.x; i < ROWS * CH; i += MLA_THREADS) {
+        const int r = i / CH, c = i - r * CH;
+        const bool ok = r < valid;
+        mla_cp16(dst + (c >> 3) * (ROWS * 128) + mlw_swz(r, c & 7), src + (ok ? (i64)r * stride : 0) + 8 * c,
+                 ok ? 16 : 0);
+    }
+}
+
+template <int N>
+__device__ __forceinline__ void fw_mma_s(float* s, unsigned long long da, unsigned long long db, int acc) {
+    if constexpr (N == 128) fw_mma_n128(s, da, db, acc);
+    else mlw_mma_n64(s, da, db, acc);
+}
+
+template <int N>
+__device__ __forceinline__ void fw_mma_pv(float* o, const unsigned* a, unsigned long long db) {
+    if constexpr (N == 256) fw_mma_rs_n256t(o, a, db);
+    else fw_mma_rs_n128t(o, a, db);
+}
+
+template <int DQ, int DV, int BN>
+__device__ __forceinline__ void fa_wg(const bf16* qb, const bf16* kb, const bf16* vb, float* out,
+                                      const int* tiles, const int* n_keys, const int* kv_base,
+                                      int nh, int v_dim, float scale_log2) {
+    static_assert(DQ % 64 == 0 && DV % 64 == 0 && BN % 16 == 0, "whole atoms and k-steps");
+    static_assert((BN == 64 || BN == 128) && (DV == 128 || DV == 256), "the wgmma shapes below");
+    constexpr int BM = 128;
+    constexpr int Q_BYTES = (DQ / 64) * BM * 128, K_BYTES = (DQ / 64) * BN * 128;
+    constexpr int V_BYTES = (DV / 64) * BN * 128;
+    extern __shared__ __align__(1024) unsigned char fw_raw[];
+    __shared__ int s_kmin, s_kmax;
+    const unsigned q_s = (mla_smem(fw_raw) + 1023u) & ~1023u;
+    const unsigned k_s = q_s + Q_BYTES, v_s = k_s + 2 * K_BYTES;
+
+    const int h = blockIdx.y;
+    const int t0 = tiles[2 * blockIdx.x], nt = tiles[2 * blockIdx.x + 1];
+    const int tid = threadIdx.x, wg = tid >> 7, wq = (tid >> 5) & 3, lane = tid & 31;
+    const int g = lane >> 2, qd = lane & 3;
+    const int r0 = 64 * wg + 16 * wq + g, r1 = r0 + 8;  // this thread's rows in the tile
+    const i64 base = kv_base[t0];
+
+    if (tid == 0) {
+        s_kmin = 0x7fffffff;
+        s_kmax = 0;
+    }
+    __syncthreads();
+    for (int i = tid; i < nt; i += MLA_THREADS) {
+        const int k = n_keys[t0 + i];
+        atomicMin(&s_kmin, k);
+        atomicMax(&s_kmax, k);
+    }
+    const int nk0 = r0 < nt ? n_keys[t0 + r0] : 0, nk1 = r1 < nt ? n_keys[t0 + r1] : 0;
+    const i64 kstride = (i64)nh * DQ, vstride = (i64)nh * DV;
+    const bf16* kh = kb + base * kstride + (i64)h * DQ;
+    const bf16* vh = vb + base * vstride + (i64)h * DV;
+    fw_load<DQ, BM>(q_s, qb + (i64)t0 * kstride + (i64)h * DQ, kstride, nt);
+    __syncthreads();  // kmin, kmax
+    const int kmin = s_kmin, kmax = s_kmax;
+    const int ntiles = (kmax + BN - 1) / BN;
+    if (ntiles > 0) {
+        fw_load<DQ, BN>(k_s, kh, kstride, min(BN, kmax));
+        fw_load<DV, BN>(v_s, vh, vstride, min(BN, kmax));
+    }
+    mla_commit();
+
+    float o[DV / 2];
+#pragma unroll
+    for (int i = 0; i < DV / 2; i++) o[i] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+
+    for (int kt = 0; kt < ntiles; kt++) {
+        const int buf = kt & 1;
+        mla_wait<0>();
+        mlw_proxy_fence();
+        __syncthreads();  // tile kt (and Q) landed for all; P·V of tile kt-1 done everywhere
+        if (kt + 1 < ntiles) {
+            const int k0 = (kt + 1) * BN;
+            fw_load<DQ, BN>(k_s + (buf ^ 1) * K_BYTES, kh + k0 * kstride, kstride, min(BN, kmax - k0));
+            fw_load<DV, BN>(v_s + (buf ^ 1) * V_BYTES, vh + k0 * vstride, vstride, min(BN, kmax - k0));
+        }
+        mla_commit();
+
+        // S = Q·K^T for this warpgroup's 64 rows: DQ/16 k-steps, 4 per atom (32 bytes apart).
+        float s[BN / 2];
+        {
+            const unsigned long long dq = mlw_desc(q_s + wg * 64 * 128, 16, 1024);
+            const unsigned long long dk = mlw_desc(k_s + buf * K_BYTES, 16, 1024);
+            mlw_fence();
+#pragma unroll
+            for (int ks = 0; ks < DQ / 16; ks++) {
+                const unsigned oq = ((ks >> 2) * BM * 128 + (ks & 3) * 32) >> 4;
+                const unsigned ok = ((ks >> 2) * BN * 128 + (ks & 3) * 32) >> 4;
+                fw_mma_s<BN>(s, dq + oq, dk + ok, ks > 0);
+            }
+            mlw_commit();
+            mlw_wait0();
+            mlw_pin<BN / 2>(s);
+        }
+        // s[4j + e]: row r0 (e < 2) or r1, key kbeg + 8j + 2qd + (e & 1). Mask only tiles that
+        // reach past the shortest list of the query tile.
+        const int kbeg = kt * BN;
+        if (kbeg + BN > kmin) {
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (kbeg + 8 * j + 2 * qd + (e & 1) >= (e < 2 ? nk0 : nk1)) s[4 * j + e] = -INFINITY;
+        }
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
+            mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+        }
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+        }
+        const float n0 = fmaxf(m0, mx0 * scale_log2), n1 = fmaxf(m1, mx1 * scale_log2);
+        // A row with no key yet keeps m = -inf: exponents against 0 then give p = 0, alpha = 0.
+        const float u0 = n0 == -INFINITY ? 0.f : n0, u1 = n1 == -INFINITY ? 0.f : n1;
+        const float a0 = mla_exp2(m0 - u0), a1 = mla_exp2(m1 - u1);
+        m0 = n0;
+        m1 = n1;
+        unsigned pa[BN / 16][4];  // P as A fragments, one k-step of 16 keys each
+        float ps0 = 0.f, ps1 = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            float p[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const int j = 2 * kk + (e >> 2);  // n8 chunks 2kk (keys +0..7) and 2kk+1
+                p[e] = mla_exp2(fmaf(s[4 * j + (e & 3)], scale_log2, -((e & 3) < 2 ? u0 : u1)));
+            }
+            ps0 += p[0] + p[1] + p[4] + p[5];
+            ps1 += p[2] + p[3] + p[6] + p[7];
+            pa[kk][0] = mla_pack(p[0], p[1]);  // row g, keys 2qd, 2qd+1
+            pa[kk][1] = mla_pack(p[2], p[3]);  // row g+8
+            pa[kk][2] = mla_pack(p[4], p[5]);  // row g, keys 8 + 2qd..
+            pa[kk][3] = mla_pack(p[6], p[7]);  // row g+8
+        }
+        l0 = l0 * a0 + ps0;
+        l1 = l1 * a1 + ps1;
+        if (!__all_sync(0xffffffffu, a0 == 1.f && a1 == 1.f)) {
+#pragma unroll
+            for (int j = 0; j < DV / 8; j++) {
+                o[4 * j] *= a0;
+                o[4 * j + 1] *= a0;
+                o[4 * j + 2] *= a1;
+                o[4 * j + 3] *= a1;
+            }
+        }
+
+        // O += P·V: BN/16 k-steps of 16 keys (2 KB apart), V N-major.
+        const unsigned long long dv = mlw_desc(v_s + buf * V_BYTES, BN * 128, 1024);
+        mlw_pin<DV / 2>(o);
+        mlw_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) fw_mma_pv<DV>(o, pa[kk], dv + 128 * kk);
+        mlw_commit();
+        mlw_wait0();
+        mlw_pin<DV / 2>(o);
+    }
+    mla_wait<0>();
+
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+    }
+    const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
+    const i64 ostride = (i64)nh * v_dim;
+    float* o0 = out + (i64)(t0 + r0) * ostride + (i64)h * v_dim;
+    float* o1 = out + (i64)(t0 + r1) * ostride + (i64)h * v_dim;
+#pragma unroll
+    for (int j = 0; j < DV / 8; j++) {
+        const int c = 8 * j + 2 * qd;
+        if (r0 < nt) {
+            if (c < v_dim) o0[c] = o[4 * j] * i0;
+            if (c + 1 < v_dim) o0[c + 1] = o[4 * j + 1] * i0;
+        }
+        if (r1 < nt) {
+            if (c < v_dim) o1[c] = o[4 * j + 2] * i1;
+            if (c + 1 < v_dim) o1[c + 1] = o[4 * j + 3] * i1;
+        }
+    }
+}
+#endif  // MLW_OK
+
+#ifdef MLW_OK
+#define FW_ENTRY(NAME, DQ, DV, BN)                                                              \
+    extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1)                                \
+        NAME(const bf16* qb, const bf16* kb, const bf16* vb, float* out, const int* tiles,      \
+             const int* n_keys, const int* kv_base, int nh, int v_dim, float scale_log2) {      \
+        fa_wg<DQ, DV, BN>(qb, kb, vb, out, tiles, n_keys, kv_base, nh, v_dim, scale_log2);      \
+    }
+#else
+#define FW_ENTRY(NAME, DQ, DV, BN)                                                              \
+    extern "C" __global__ void NAME(const bf16* qb, const bf16* kb, const bf16* vb, float* out, \
+                                    const int* tiles, const int* n_keys, const int* kv_base,    \
+                                    int nh, int v_dim, float scale_log2) {                      \
+        __trap();                                                                                \
+    }
+#endif
+
+// Lab variants (name: DQ, DV, keys per tile); shared memory per block in crate::flash_attn.
+FW_ENTRY(fa_fwd_wg_d192v128, 192, 128, 128)
+FW_ENTRY(fa_fwd_wg_d256, 256, 256, 64)

@@ -28,7 +28,7 @@
 
 #define MLW_ATOM 8192                      // 64 rows x 128 bytes
 #define MLW_TILE (9 * MLW_ATOM)            // 64 rows x 576 bf16
-#define MLW_SMEM (3 * MLW_TILE + MLW_ATOM + 2 * 64 * 8 + 2 * 64 * 4 + 1024)  // + alignment slack
+// The block's shared memory size (this layout + 1 KB of alignment slack): MlaVariant::smem_bytes.
 
 #if defined(MLA_TC) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MLW_OK 1

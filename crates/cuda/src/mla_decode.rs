@@ -154,7 +154,14 @@ impl MlaVariant {
     pub fn choose(heads: usize, arch: &str) -> Self {
         if MlaVariant::W64.runs_on(arch) {
             MlaVariant::W64
-        } else if heads >= 32 {
+        } else {
+            MlaVariant::choose_mma_sync(heads)
+        }
+    }
+
+    /// The mma.sync default for a head count (every sm_80+ GPU): M2K from 32 heads, else M1S3Q.
+    pub fn choose_mma_sync(heads: usize) -> Self {
+        if heads >= 32 {
             MlaVariant::M2K
         } else {
             MlaVariant::M1S3Q
@@ -346,9 +353,10 @@ impl Gpu {
         static WGMMA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let wgmma = *WGMMA
             .get_or_init(|| std::env::var("MLASERVE_WGMMA_DECODE").map_or(true, |v| v != "0"));
-        match MlaVariant::choose(heads, self.arch) {
-            MlaVariant::W64 if !wgmma => MlaVariant::choose(heads, "sm_90"),
-            v => v,
+        if wgmma {
+            MlaVariant::choose(heads, self.arch)
+        } else {
+            MlaVariant::choose_mma_sync(heads)
         }
     }
 

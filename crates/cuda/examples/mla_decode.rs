@@ -87,6 +87,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (64, 64, 4096),
         (64, 128, 4096),
         (128, 128, 4096),
+        // Short splits: GLM-5-shaped decode of 16 sequences at 1,024 keys (1-16 tiles a
+        // split), and one sequence at 8,192.
+        (16, 64, 1024),
+        (1, 64, 8192),
     ];
     for (si, &(b, heads, ctx)) in shapes.iter().enumerate() {
         if only_shape.is_some_and(|i| i != si) {
@@ -216,7 +220,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             if !wanted(v) {
                 continue;
             }
-            let mut sweep = vec![1usize, 2, 4, 8];
+            let mut sweep = vec![1usize, 2, 4, 8, 16];
             if !sweep.contains(&heuristic) {
                 sweep.push(heuristic);
             }

@@ -247,36 +247,26 @@ __device__ __forceinline__ void mlw_q_store(unsigned q_s, const float* x, int i)
 }
 
 // The block's 64 query rows as bf16 in the swizzled layout, a thread per 16-byte chunk
-// (coalesced). The stores are asm volatile, which a later chunk's loads cannot pass: one memory
-// round trip a chunk, 18 a thread. BATCHED (lab variant W64QB, not yet measured) issues six
-// chunks' loads before their stores: 3 round trips.
-template <bool BATCHED>
+// (coalesced). The stores are asm volatile, which a later chunk's loads cannot pass, so six
+// chunks' loads are issued before their stores: 3 memory round trips a thread instead of 18
+// (2-5% of the kernel at 4,096 keys, measured as lab variant W64QB in session 6).
 __device__ __forceinline__ void mlw_stage_q(unsigned q_s, const float* q_lat, const float* q, int t,
                                             int h0, int nh, int p_dim) {
-    if constexpr (BATCHED) {
-        constexpr int QN = 64 * MLA_CHUNKS / MLA_THREADS, QB = 6;
-        static_assert(QN * MLA_THREADS == 64 * MLA_CHUNKS && QN % QB == 0, "Q chunks per thread");
-        for (int g = 0; g < QN; g += QB) {
-            float x[QB][8];
+    constexpr int QN = 64 * MLA_CHUNKS / MLA_THREADS, QB = 6;
+    static_assert(QN * MLA_THREADS == 64 * MLA_CHUNKS && QN % QB == 0, "Q chunks per thread");
+    for (int g = 0; g < QN; g += QB) {
+        float x[QB][8];
 #pragma unroll
-            for (int u = 0; u < QB; u++)
-                mlw_q_chunk(x[u], q_lat, q, t, h0, nh, p_dim, threadIdx.x + (g + u) * MLA_THREADS);
+        for (int u = 0; u < QB; u++)
+            mlw_q_chunk(x[u], q_lat, q, t, h0, nh, p_dim, threadIdx.x + (g + u) * MLA_THREADS);
 #pragma unroll
-            for (int u = 0; u < QB; u++) mlw_q_store(q_s, x[u], threadIdx.x + (g + u) * MLA_THREADS);
-        }
-    } else {
-        for (int i = threadIdx.x; i < 64 * MLA_CHUNKS; i += MLA_THREADS) {
-            float x[8];
-            mlw_q_chunk(x, q_lat, q, t, h0, nh, p_dim, i);
-            mlw_q_store(q_s, x, i);
-        }
+        for (int u = 0; u < QB; u++) mlw_q_store(q_s, x[u], threadIdx.x + (g + u) * MLA_THREADS);
     }
 }
 
 // ABL (kernel lab only, outputs are not attention): bit 0 copies only the first two tiles and
 // reuses them, bit 1 leaves out P·V, bit 2 leaves out S (scores of zero). Time differences
-// between these and ABL = 0 place the time of a tile (bench/cuda/mla_decode.md). Bit 3 is not
-// an ablation: the batched Q staging of the lab variant W64QB.
+// between these and ABL = 0 place the time of a tile (bench/cuda/mla_decode.md).
 template <int ABL>
 __device__ __forceinline__ void mlw_body(const float* q_lat, const float* q, const bf16* cache,
                                          float* part, float* lse, const int* n_keys,
@@ -296,7 +286,7 @@ __device__ __forceinline__ void mlw_body(const float* q_lat, const float* q, con
     const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, wq = (tid >> 5) & 3;
     const int r0 = 16 * wq + (lane >> 2), r1 = r0 + 8, qd = lane & 3;
 
-    mlw_stage_q<(ABL & 8) != 0>(q_s, q_lat, q, t, h0, nh, p_dim);
+    mlw_stage_q(q_s, q_lat, q, t, h0, nh, p_dim);
 
     float o[128];
 #pragma unroll
@@ -396,7 +386,6 @@ __device__ __forceinline__ void mlw_body(const float* q_lat, const float* q, con
 #define MLW_CALL(ABL) __trap();
 #endif
 extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_w64(MLA_PARAMS) { MLW_CALL(0) }
-extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_w64qb(MLA_PARAMS) { MLW_CALL(8) }
 // Kernel-lab ablations of mla_decode_w64 (see mlw_body).
 #define MLW_ABLATION(NAME, ABL) \
     extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) NAME(MLA_PARAMS) { MLW_CALL(ABL) }

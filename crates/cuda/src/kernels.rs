@@ -51,7 +51,6 @@ pub const NAMES: &[&str] = &[
     "mla_decode_m1s3b",
     "mla_decode_m2kb",
     "mla_decode_w64",
-    "mla_decode_w64qb",
     "mla_decode_w64_noload",
     "mla_decode_w64_nopv",
     "mla_decode_w64_nos",

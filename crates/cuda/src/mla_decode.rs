@@ -61,14 +61,10 @@ pub enum MlaVariant {
     /// warpgroup 0 computes S and the softmax, both compute half of O; Q, K/V and P in
     /// swizzled shared memory.
     W64,
-    /// W64 with the query rows staged six chunks a round (lab variant, not chosen: written
-    /// after session 5's device time ran out, for W64's fixed cost on short splits; not yet
-    /// measured).
-    W64QB,
 }
 
 impl MlaVariant {
-    pub const ALL: [MlaVariant; 8] = [
+    pub const ALL: [MlaVariant; 7] = [
         MlaVariant::M1S3Q,
         MlaVariant::M2S2,
         MlaVariant::M1S2,
@@ -76,7 +72,6 @@ impl MlaVariant {
         MlaVariant::M1S3B,
         MlaVariant::M2KB,
         MlaVariant::W64,
-        MlaVariant::W64QB,
     ];
 
     pub fn kernel(self) -> &'static str {
@@ -88,7 +83,6 @@ impl MlaVariant {
             MlaVariant::M1S3B => "mla_decode_m1s3b",
             MlaVariant::M2KB => "mla_decode_m2kb",
             MlaVariant::W64 => "mla_decode_w64",
-            MlaVariant::W64QB => "mla_decode_w64qb",
         }
     }
 
@@ -96,7 +90,7 @@ impl MlaVariant {
     pub fn heads_per_block(self) -> usize {
         match self {
             MlaVariant::M2S2 | MlaVariant::M2K | MlaVariant::M2KB => 32,
-            MlaVariant::W64 | MlaVariant::W64QB => 64,
+            MlaVariant::W64 => 64,
             _ => 16,
         }
     }
@@ -104,7 +98,7 @@ impl MlaVariant {
     /// Whether a GPU of NVRTC arch `arch` runs this variant: bf16 mma and cp.async need
     /// sm_80, the copy-engine variants sm_90, wgmma exactly sm_90a (compute capability 9.0).
     pub fn runs_on(self, arch: &str) -> bool {
-        if matches!(self, MlaVariant::W64 | MlaVariant::W64QB) {
+        if matches!(self, MlaVariant::W64) {
             return arch == "sm_90a";
         }
         let sm: u32 = arch
@@ -134,7 +128,7 @@ impl MlaVariant {
         let p = rows * P_ROW_BYTES;
         match self {
             // Q, 2 stages and P as 64-row swizzled atoms, slots, row maxima, 1 KB alignment.
-            MlaVariant::W64 | MlaVariant::W64QB => {
+            MlaVariant::W64 => {
                 3 * W64_TILE_BYTES + 8192 + 2 * 64 * 8 + 2 * 64 * 4 + 1024
             }
             // stages, partial S [4][rows][72] f32, P, per-row f32, slots

@@ -19,7 +19,7 @@ mod common;
 
 use common::random_f32;
 use cudarc::driver::sys::CUfunction_attribute;
-use mlaserve_cuda::flash_attn::{fa_tiles, FaVariant, FA_LAB_VARIANTS, FA_VARIANTS};
+use mlaserve_cuda::flash_attn::{fa_all_variants, fa_tiles, FaVariant};
 use mlaserve_cuda::ops::{AttnDims, KeyLists};
 use mlaserve_cuda::Gpu;
 
@@ -54,7 +54,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let json = arg("--json");
     let only_shape: Option<usize> = arg("--shape").and_then(|s| s.parse().ok());
     let mut kernels = Vec::new();
-    for f in FA_VARIANTS.iter().chain(&FA_LAB_VARIANTS) {
+    for f in fa_all_variants() {
         let func = gpu.func(f.kernel)?;
         let regs = func.num_regs()?;
         let local = func.get_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?;
@@ -145,12 +145,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             r
         };
         let ms_pack = time_ms(&gpu, &run_pack, 5, 3)?;
-        let variants = std::iter::once(f).chain(
-            FA_LAB_VARIANTS
-                .iter()
-                .copied()
-                .filter(|x| x.dq == f.dq && x.dv == f.dv && gpu.fa_check(&d, x).is_ok()),
-        );
+        // The executor's choice on this GPU (the wgmma kernel on sm_90a).
+        let chosen = FaVariant::choose(qk, v, gpu.arch, true).ok_or("no variant")?;
+        let variants = std::iter::once(f).chain(fa_all_variants().filter(|x| {
+            *x != f && x.dq == f.dq && x.dv == f.dv && gpu.fa_check(&d, x).is_ok()
+        }));
         for fv in variants {
             let tiles_h = fa_tiles(&ranges, &n_keys_h, fv.bm());
             let n_tiles = tiles_h.len() / 2;
@@ -182,14 +181,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             let ms = time_ms(&gpu, &run, 5, 3)?;
             println!(
-                "{shape}: {} {ms:.3} ms {:.0} TFLOP/s ({:.0}% of GEMM), {:.0}x CUDA-core; + packing {ms_pack:.3} ms = {:.0} TFLOP/s; rel err {err:.2e}",
+                "{shape}: {}{} {ms:.3} ms {:.0} TFLOP/s ({:.0}% of GEMM), {:.0}x CUDA-core; + packing {ms_pack:.3} ms = {:.0} TFLOP/s; rel err {err:.2e}",
                 fv.kernel,
+                if fv == chosen { " (executor)" } else { "" },
                 tfs(ms),
                 100.0 * tfs(ms) / GEMM_TFS,
                 ms_ref / ms,
                 tfs(ms + ms_pack),
             );
-            rows.push(serde_json::json!({"shape": shape, "batch": b, "len": len, "heads": n, "qk": qk, "v": v, "kernel": fv.kernel, "default": fv == f, "ms": ms, "tflop_s": tfs(ms), "pack_ms": ms_pack, "tflop_s_with_pack": tfs(ms + ms_pack), "cuda_core_ms": ms_ref, "cuda_core_tflop_s": tfs(ms_ref), "rel_err_vs_cuda_core": err}));
+            rows.push(serde_json::json!({"shape": shape, "batch": b, "len": len, "heads": n, "qk": qk, "v": v, "kernel": fv.kernel, "executor": fv == chosen, "ms": ms, "tflop_s": tfs(ms), "pack_ms": ms_pack, "tflop_s_with_pack": tfs(ms + ms_pack), "cuda_core_ms": ms_ref, "cuda_core_tflop_s": tfs(ms_ref), "rel_err_vs_cuda_core": err}));
         }
     }
     if let Some(p) = json {

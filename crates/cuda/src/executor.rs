@@ -64,7 +64,8 @@ pub struct CudaExecutor {
     /// Tensor parallel: this rank's communicator (the model holds the rank's shard).
     comm: Option<NcclComm>,
     /// Dense unabsorbed attention on this tensor-core kernel (flash_attn.rs): sm_80+, head
-    /// dims it holds, and not turned off by `MLASERVE_FLASH_ATTN=0`.
+    /// dims it holds, and not turned off by `MLASERVE_FLASH_ATTN=0`; the wgmma kernel on
+    /// sm_90a unless `MLASERVE_WGMMA_PREFILL=0` ([`FaVariant::choose`]).
     flash: Option<FaVariant>,
     /// Captured decode steps (graphs.rs).
     graphs: Graphs,
@@ -141,7 +142,8 @@ impl CudaExecutor {
             })
             .min()
             .unwrap_or(usize::MAX);
-        let flash = FaVariant::for_dims(qk, cfg.v_head_dim).filter(|f| {
+        let wgmma_prefill = std::env::var("MLASERVE_WGMMA_PREFILL").map_or(true, |v| v != "0");
+        let flash = FaVariant::choose(qk, cfg.v_head_dim, gpu.arch, wgmma_prefill).filter(|f| {
             std::env::var("MLASERVE_FLASH_ATTN").map_or(true, |v| v != "0")
                 && gpu.has_flash_attn()
                 && f.smem_bytes() <= gpu.max_smem_per_block

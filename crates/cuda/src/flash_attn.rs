@@ -84,19 +84,31 @@ pub const FA_VARIANTS: [FaVariant; 4] = [
     fa("fa_fwd_d256_w8", 256, 256, 64, 8),
 ];
 
-/// Further variants timed by the kernel lab (examples/flash_attn.rs). The two wgmma ones
-/// were written in session 5 after its device time ran out: not yet run on a GPU (the op
-/// table and the lab check them first).
-pub const FA_LAB_VARIANTS: [FaVariant; 8] = [
+/// The sm_90a wgmma kernels, which the executor takes on compute capability 9.0 in place of
+/// the mma.sync variant of the same widths: 1.2-1.6x it in the kernel lab (289-360 TFLOP/s
+/// at 4k-8k tokens, bench/cuda/flash_attn.md).
+pub const FA_WGMMA_VARIANTS: [FaVariant; 2] = [
+    fa_wg("fa_fwd_wg_d192v128", 192, 128, 128),
+    fa_wg("fa_fwd_wg_d256", 256, 256, 64),
+];
+
+/// Further variants timed by the kernel lab (examples/flash_attn.rs), never chosen.
+pub const FA_LAB_VARIANTS: [FaVariant; 6] = [
     fa("fa_fwd_d192v128_w8", 192, 128, 64, 8),
     fa("fa_fwd_d256", 256, 256, 32, 4),
     fa("fa_fwd_d256_w8n32", 256, 256, 32, 8),
     fa_m2("fa_fwd_d192v128_m2", 192, 128, 64),
     fa_m2("fa_fwd_d192v128_m2n32", 192, 128, 32),
     fa_m2("fa_fwd_d128_m2", 128, 128, 64),
-    fa_wg("fa_fwd_wg_d192v128", 192, 128, 128),
-    fa_wg("fa_fwd_wg_d256", 256, 256, 64),
 ];
+
+/// Every compiled variant: the executor's, the wgmma ones, the lab's.
+pub fn fa_all_variants() -> impl Iterator<Item = FaVariant> {
+    FA_VARIANTS
+        .into_iter()
+        .chain(FA_WGMMA_VARIANTS)
+        .chain(FA_LAB_VARIANTS)
+}
 
 impl FaVariant {
     /// The narrowest variant holding qk = P+R and v, if any.
@@ -105,6 +117,23 @@ impl FaVariant {
             .iter()
             .copied()
             .find(|f| f.dq >= qk && f.dv >= v)
+    }
+
+    /// The variant the executor runs for qk = P+R and v on a GPU of NVRTC arch `arch`: the
+    /// narrowest mma.sync variant ([`FaVariant::for_dims`]), replaced on sm_90a by the wgmma
+    /// kernel of the same widths when there is one (192/128 and 256; the narrower widths of
+    /// small models stay on mma.sync, where padding to 192 would waste the tensor cores).
+    /// `wgmma = false` keeps mma.sync everywhere.
+    pub fn choose(qk: usize, v: usize, arch: &str, wgmma: bool) -> Option<FaVariant> {
+        let f = Self::for_dims(qk, v)?;
+        let wgmma = wgmma && arch == "sm_90a";
+        let wg = FA_WGMMA_VARIANTS
+            .iter()
+            .find(|w| w.dq == f.dq && w.dv == f.dv);
+        Some(match wg {
+            Some(w) if wgmma => *w,
+            _ => f,
+        })
     }
 
     /// Query rows per tile.
@@ -292,11 +321,12 @@ mod tests {
 
     #[test]
     fn variants_fit_the_h200_and_cover_mla_shapes() {
-        for f in FA_VARIANTS.iter().chain(&FA_LAB_VARIANTS) {
+        for f in fa_all_variants() {
             // 1 KB of static shared memory besides (the wgmma kernels' alignment).
             assert!(f.smem_bytes() + 1024 <= 227 * 1024, "{f:?}");
             assert_eq!(f.bn % 16, 0);
             assert!(crate::kernels::NAMES.contains(&f.kernel), "{f:?}");
+            assert_eq!(f.wgmma, FA_WGMMA_VARIANTS.contains(&f), "{f:?}");
             assert!(!f.wgmma || (f.bm() == 128 && f.dq % 64 == 0 && f.dv % 64 == 0));
         }
         assert!(FA_VARIANTS.iter().all(|f| !f.wgmma));
@@ -314,6 +344,14 @@ mod tests {
             "fa_fwd_d256_w8"
         );
         assert!(FaVariant::for_dims(320, 128).is_none());
+        let on = |qk, v, arch| FaVariant::choose(qk, v, arch, true).unwrap().kernel;
+        assert_eq!(on(192, 128, "sm_90a"), "fa_fwd_wg_d192v128");
+        assert_eq!(on(192, 192, "sm_90a"), "fa_fwd_wg_d256");
+        assert_eq!(on(192, 128, "sm_90"), "fa_fwd_d192v128");
+        assert_eq!(on(192, 128, "sm_120"), "fa_fwd_d192v128");
+        assert_eq!(on(48, 32, "sm_90a"), "fa_fwd_d64");
+        let off = FaVariant::choose(192, 128, "sm_90a", false).unwrap();
+        assert_eq!(off.kernel, "fa_fwd_d192v128");
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! `MLASERVE_OP_REPORT=path.json` writes the table with the GPU and driver.
 
 use mlaserve_backend::{rms_norm, silu_mul};
-use mlaserve_cuda::flash_attn::{fa_tiles, FaVariant, FA_LAB_VARIANTS, FA_VARIANTS};
+use mlaserve_cuda::flash_attn::{fa_all_variants, fa_tiles, FaVariant};
 use mlaserve_cuda::moe_grouped::moe_tile_rows;
 use mlaserve_cuda::ops::{AttnDims, Gemm, GemmType, KeyLists};
 use mlaserve_cuda::{DBuf, Gpu};
@@ -713,8 +713,8 @@ fn attention(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         rep.check("attn_mha", name.clone(), "f32", rel_err(&got, &want), 1e-4);
         // The tensor-core kernels holding these dims, on the same dense lists (bf16 q, k, v
         // and P).
-        let fits = |f: &&FaVariant| f.dq >= p + r && f.dv >= v && gpu.fa_check(&dims, f).is_ok();
-        for f in FA_VARIANTS.iter().chain(&FA_LAB_VARIANTS).filter(fits) {
+        let fits = |f: &FaVariant| f.dq >= p + r && f.dv >= v && gpu.fa_check(&dims, f).is_ok();
+        for f in fa_all_variants().filter(fits) {
             if sparse {
                 break;
             }
@@ -723,7 +723,7 @@ fn attention(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             let out = poisoned::<f32>(gpu, t * heads * v);
             gpu.attn_flash(
                 &dims,
-                f,
+                &f,
                 qd.ptr(),
                 knd.ptr(),
                 kpd.ptr(),

@@ -1,15 +1,21 @@
-"""GPU against CPU end to end on models with the real MLA latent row (kv_lora 512 + rope 64, 64
-heads), which the test fixtures (kv_lora 64) do not have: the GPU's tensor-core decode kernels
-are written for that row, so only such a model takes them through the executor.
+"""GPU against CPU end to end on synthetic models with the real MLA widths, which the test
+fixtures (kv_lora 64, narrow heads) do not have: the GPU's tensor-core decode kernels are
+written for the 512 + 64 latent row, and the sm_90a prefill kernels for qk 192 / v 128 and
+qk = v = 256, so only such models take them through the executor.
 
-For each of `synth_model l512-tiny` and `l512-tiny-dsa` (written here), `mlaserve logits` over
-one 40-token prompt on the CPU and on the GPU, for the unabsorbed prefill (`mha`), the absorbed
-path (`mqa`, the decode kernels over the paged cache) and prefill in chunks of 7 over cached
-context; prints max|gpu - cpu| / max|cpu| and the argmax agreement per path, and exits 1 past
-2% or under 90% (the e2e test's bounds for bf16 files, crates/cuda/tests/e2e.rs).
+Models (written here by `synth_model`): `l512-tiny` and `l512-tiny-dsa` (64 heads, kv_lora 512;
+the second with GLM-5's DSA indexer), and one-layer `v2-lite` (qk 192 / v 128) and `glm5`
+(qk = v = 256). For each, `mlaserve logits` over one prompt on the CPU and on the GPU, for the
+unabsorbed prefill (`mha`), the absorbed path (`mqa`, the decode kernels over the paged cache)
+and prefill in chunks of 7 over cached context. Per path it prints the row error
+max|gpu - cpu| / max|cpu| of each position (median and max over the prompt) and the argmax
+agreement, and exits 1 where the median passes 2% or the agreement falls under 90%: the e2e
+test's bounds for bf16 files (crates/cuda/tests/e2e.rs), statistical for the same reason — a
+DSA top-k near-tie flipped by bf16 noise moves a row by far more than the noise.
 
-    python3 tools/check_gpu_l512.py --mlaserve target/release/mlaserve \\
-        --synth target/release/examples/synth_model [--device cuda] [--dir /tmp/l512]
+    python3 tools/check_gpu_synth.py --mlaserve target/release/mlaserve \\
+        --synth target/release/examples/synth_model [--device cuda] [--dir /tmp/synth] \\
+        [--models l512-tiny,glm5]
 
 Needs numpy. With --device cpu it checks the script itself (GPU = CPU).
 """
@@ -21,13 +27,20 @@ import sys
 
 import numpy as np
 
-TOKENS = ",".join(str((i * 37) % 1024) for i in range(40))
+# name: (synth_model arguments, prompt length). The wide models' prompts cross query tiles
+# (128 rows) and key tiles.
+MODELS = {
+    "l512-tiny": ([], 40),
+    "l512-tiny-dsa": ([], 40),
+    "v2-lite": (["--layers", "1"], 300),
+    "glm5": (["--layers", "1"], 300),
+}
 PATHS = {"mha": ["--attention-path", "mha"], "mqa": ["--attention-path", "mqa"],
          "chunked": ["--prefill-chunk", "7"]}
 
 
-def logits(exe, model, device, extra, out):
-    cmd = [exe, "logits", "--model", model, "--tokens", TOKENS, "--out", out, "--device", device] + extra
+def logits(exe, model, tokens, device, extra, out):
+    cmd = [exe, "logits", "--model", model, "--tokens", tokens, "--out", out, "--device", device] + extra
     run = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if run.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{run.stderr}")
@@ -39,22 +52,32 @@ def main():
     ap.add_argument("--mlaserve", required=True)
     ap.add_argument("--synth", required=True)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--dir", default="/tmp/l512")
+    ap.add_argument("--dir", default="/tmp/synth")
+    ap.add_argument("--models", default=",".join(MODELS))
     args = ap.parse_args()
     os.makedirs(args.dir, exist_ok=True)
     ok = True
-    for shape in ["l512-tiny", "l512-tiny-dsa"]:
+    for shape in args.models.split(","):
+        if shape not in MODELS:
+            sys.exit(f"--models: unknown model {shape!r} (one of {', '.join(MODELS)})")
+        synth_args, n = MODELS[shape]
+        tokens = ",".join(str((i * 37) % 1024) for i in range(n))
         model = os.path.join(args.dir, shape + ".gguf")
-        subprocess.run([args.synth, shape, model], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([args.synth, shape, model] + synth_args, check=True, stdout=subprocess.DEVNULL)
         for name, extra in PATHS.items():
-            cpu = logits(args.mlaserve, model, "cpu", extra, os.path.join(args.dir, f"{shape}-{name}-cpu.npy"))
-            gpu = logits(args.mlaserve, model, args.device, extra,
+            cpu = logits(args.mlaserve, model, tokens, "cpu", extra,
+                         os.path.join(args.dir, f"{shape}-{name}-cpu.npy"))
+            gpu = logits(args.mlaserve, model, tokens, args.device, extra,
                          os.path.join(args.dir, f"{shape}-{name}-{args.device}.npy"))
-            err = float(np.abs(gpu - cpu).max() / np.abs(cpu).max())
+            cpu, gpu = cpu.reshape(n, -1), gpu.reshape(n, -1)
+            rows = np.abs(gpu - cpu).max(-1) / np.abs(cpu).max(-1)
+            med, worst = float(np.median(rows)), float(rows.max())
             agree = float((gpu.argmax(-1) == cpu.argmax(-1)).mean())
-            bad = not (err <= 0.02 and agree >= 0.9)
+            bad = not (med <= 0.02 and agree >= 0.9)
             ok &= not bad
-            print(f"{shape:14} {name:8} max rel err {err:.2e}  argmax agree {agree:.2f}{'  FAIL' if bad else ''}")
+            print(f"{shape:14} {name:8} row error median {med:.2e} max {worst:.2e}  "
+                  f"argmax agree {agree:.2f}{'  FAIL' if bad else ''}", flush=True)
+        os.remove(model)
     sys.exit(0 if ok else 1)
 
 

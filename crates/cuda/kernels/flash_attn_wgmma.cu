@@ -1,9 +1,9 @@
 // Tensor-core prefill attention on sm_90a warpgroup MMA (wgmma): the contract of
 // flash_attn.cu's kernels (packed bf16 qb [T, N, DQ], kb [S, N, DQ], vb [S, N, DV]; query
 // tiles of one sequence; token t attends keys 0..n_keys[t] at rows kv_base[t] + p; out f32
-// [T, N, v_dim]) for lab variants. WRITTEN IN SESSION 5 AFTER ITS DEVICE TIME RAN OUT AND NOT
-// YET RUN ON A GPU: the op table and the lab (examples/flash_attn.rs) check it against the CPU
-// and the CUDA-core kernel before anything else uses it; the executor never chooses it.
+// [T, N, v_dim]). The executor's prefill kernels on sm_90a (FaVariant::choose): 294-372
+// TFLOP/s at 4k-8k tokens on the H200, 1.3-1.6x the mma.sync kernels, 1.2x FlashAttention-2
+// at qk = v = 256 (bench/cuda/flash_attn.md).
 //
 // A block is (query tile of up to 128 tokens, head): two warpgroups of 64 query rows each
 // (warp w of a warpgroup owns 16 rows), sharing K/V tiles of BN keys. Shared memory from a
@@ -125,7 +125,112 @@ __device__ __forceinline__ void fw_mma_pv(float* o, const unsigned* a, unsigned 
     else fw_mma_rs_n128t(o, a, db);
 }
 
-template <int DQ, int DV, int BN>
+// Keeps P's registers (the A operand of an in-flight P·V) live until the wait that follows.
+template <int KK>
+__device__ __forceinline__ void fw_pin_a(unsigned (*pa)[4]) {
+#pragma unroll
+    for (int kk = 0; kk < KK; kk++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+r"(pa[kk][e])::"memory");
+}
+
+// S = Q·K^T for this warpgroup's 64 rows (q_s: its first row; k: the tile), DQ/16 k-steps of
+// 16 columns, 4 per atom (32 bytes apart); issued and committed, not waited for.
+template <int DQ, int BN>
+__device__ __forceinline__ void fw_scores_issue(float* s, unsigned q_s, unsigned k) {
+    constexpr int BM = 128;
+    const unsigned long long dq = mlw_desc(q_s, 16, 1024), dk = mlw_desc(k, 16, 1024);
+#pragma unroll
+    for (int ks = 0; ks < DQ / 16; ks++) {
+        const unsigned oq = ((ks >> 2) * BM * 128 + (ks & 3) * 32) >> 4;
+        const unsigned ok = ((ks >> 2) * BN * 128 + (ks & 3) * 32) >> 4;
+        fw_mma_s<BN>(s, dq + oq, dk + ok, ks > 0);
+    }
+    mlw_commit();
+}
+
+// O += P·V: BN/16 k-steps of 16 keys (2 KB apart), V N-major; issued and committed.
+template <int DV, int BN>
+__device__ __forceinline__ void fw_pv_issue(float* o, const unsigned (*pa)[4], unsigned v) {
+    const unsigned long long dv = mlw_desc(v, BN * 128, 1024);
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) fw_mma_pv<DV>(o, pa[kk], dv + 128 * kk);
+    mlw_commit();
+}
+
+// Online softmax of one tile's scores for this thread's rows r0 (m0, l0) and r1: s[4j + e] is
+// row r0 (e < 2) or r1, key kbeg + 8j + 2qd + (e & 1). Keys >= the row's list length nk are
+// masked, only on tiles that reach past the shortest list of the query tile (kmin). Writes P
+// as the A fragments of P·V (one k-step of 16 keys each) and the factors a0, a1 that rescale O.
+template <int BN>
+__device__ __forceinline__ void fw_softmax(float* s, unsigned (*pa)[4], int kbeg, int kmin, int nk0,
+                                           int nk1, int qd, float scale_log2, float& m0, float& m1,
+                                           float& l0, float& l1, float& a0, float& a1) {
+    if (kbeg + BN > kmin) {
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (kbeg + 8 * j + 2 * qd + (e & 1) >= (e < 2 ? nk0 : nk1)) s[4 * j + e] = -INFINITY;
+    }
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+        mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
+        mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+    }
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+    }
+    const float n0 = fmaxf(m0, mx0 * scale_log2), n1 = fmaxf(m1, mx1 * scale_log2);
+    // A row with no key yet keeps m = -inf: exponents against 0 then give p = 0, alpha = 0.
+    const float u0 = n0 == -INFINITY ? 0.f : n0, u1 = n1 == -INFINITY ? 0.f : n1;
+    a0 = mla_exp2(m0 - u0);
+    a1 = mla_exp2(m1 - u1);
+    m0 = n0;
+    m1 = n1;
+    float ps0 = 0.f, ps1 = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) {
+        float p[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const int j = 2 * kk + (e >> 2);  // n8 chunks 2kk (keys +0..7) and 2kk+1
+            p[e] = mla_exp2(fmaf(s[4 * j + (e & 3)], scale_log2, -((e & 3) < 2 ? u0 : u1)));
+        }
+        ps0 += p[0] + p[1] + p[4] + p[5];
+        ps1 += p[2] + p[3] + p[6] + p[7];
+        pa[kk][0] = mla_pack(p[0], p[1]);  // row g, keys 2qd, 2qd+1
+        pa[kk][1] = mla_pack(p[2], p[3]);  // row g+8
+        pa[kk][2] = mla_pack(p[4], p[5]);  // row g, keys 8 + 2qd..
+        pa[kk][3] = mla_pack(p[6], p[7]);  // row g+8
+    }
+    l0 = l0 * a0 + ps0;
+    l1 = l1 * a1 + ps1;
+}
+
+template <int DV>
+__device__ __forceinline__ void fw_rescale(float* o, float a0, float a1) {
+    if (!__all_sync(0xffffffffu, a0 == 1.f && a1 == 1.f)) {
+#pragma unroll
+        for (int j = 0; j < DV / 8; j++) {
+            o[4 * j] *= a0;
+            o[4 * j + 1] *= a0;
+            o[4 * j + 2] *= a1;
+            o[4 * j + 3] *= a1;
+        }
+    }
+}
+
+// Per key tile: one barrier (the tile landed, the other buffer free), the next tile's copies,
+// S, the softmax, P·V, each waited for. The two warpgroups overlap each other's softmax and
+// MMAs. (FlashAttention-3's intra-warpgroup overlap — the scores of tile kt+1 issued with
+// P·V of tile kt, their softmax while P·V runs — measured 4-13% slower here in session 6: 247
+// registers against 176, bench/cuda/flash_attn.md.) S_FIRST (lab variants `_sf`) issues S
+// before the next tile's copies, as the decode kernel does, so the tensor cores start at once.
+template <int DQ, int DV, int BN, bool S_FIRST>
 __device__ __forceinline__ void fa_wg(const bf16* qb, const bf16* kb, const bf16* vb, float* out,
                                       const int* tiles, const int* n_keys, const int* kv_base,
                                       int nh, int v_dim, float scale_log2) {
@@ -164,110 +269,56 @@ __device__ __forceinline__ void fa_wg(const bf16* qb, const bf16* kb, const bf16
     __syncthreads();  // kmin, kmax
     const int kmin = s_kmin, kmax = s_kmax;
     const int ntiles = (kmax + BN - 1) / BN;
-    if (ntiles > 0) {
-        fw_load<DQ, BN>(k_s, kh, kstride, min(BN, kmax));
-        fw_load<DV, BN>(v_s, vh, vstride, min(BN, kmax));
-    }
-    mla_commit();
+    // K or V rows of tile `tile` into buffer tile % 2, if the tile exists.
+    auto load_k = [&](int tile) {
+        if (tile < ntiles)
+            fw_load<DQ, BN>(k_s + (tile & 1) * K_BYTES, kh + (i64)tile * BN * kstride, kstride,
+                            min(BN, kmax - tile * BN));
+    };
+    auto load_v = [&](int tile) {
+        if (tile < ntiles)
+            fw_load<DV, BN>(v_s + (tile & 1) * V_BYTES, vh + (i64)tile * BN * vstride, vstride,
+                            min(BN, kmax - tile * BN));
+    };
 
     float o[DV / 2];
 #pragma unroll
     for (int i = 0; i < DV / 2; i++) o[i] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f, a0, a1;
+    const unsigned q_wg = q_s + wg * 64 * 128;
 
+    load_k(0);
+    load_v(0);
+    mla_commit();
     for (int kt = 0; kt < ntiles; kt++) {
         const int buf = kt & 1;
         mla_wait<0>();
         mlw_proxy_fence();
         __syncthreads();  // tile kt (and Q) landed for all; P·V of tile kt-1 done everywhere
-        if (kt + 1 < ntiles) {
-            const int k0 = (kt + 1) * BN;
-            fw_load<DQ, BN>(k_s + (buf ^ 1) * K_BYTES, kh + k0 * kstride, kstride, min(BN, kmax - k0));
-            fw_load<DV, BN>(v_s + (buf ^ 1) * V_BYTES, vh + k0 * vstride, vstride, min(BN, kmax - k0));
+        if constexpr (!S_FIRST) {
+            load_k(kt + 1);
+            load_v(kt + 1);
+            mla_commit();
         }
-        mla_commit();
-
-        // S = Q·K^T for this warpgroup's 64 rows: DQ/16 k-steps, 4 per atom (32 bytes apart).
         float s[BN / 2];
-        {
-            const unsigned long long dq = mlw_desc(q_s + wg * 64 * 128, 16, 1024);
-            const unsigned long long dk = mlw_desc(k_s + buf * K_BYTES, 16, 1024);
-            mlw_fence();
-#pragma unroll
-            for (int ks = 0; ks < DQ / 16; ks++) {
-                const unsigned oq = ((ks >> 2) * BM * 128 + (ks & 3) * 32) >> 4;
-                const unsigned ok = ((ks >> 2) * BN * 128 + (ks & 3) * 32) >> 4;
-                fw_mma_s<BN>(s, dq + oq, dk + ok, ks > 0);
-            }
-            mlw_commit();
-            mlw_wait0();
-            mlw_pin<BN / 2>(s);
+        mlw_fence();
+        fw_scores_issue<DQ, BN>(s, q_wg, k_s + buf * K_BYTES);
+        if constexpr (S_FIRST) {
+            load_k(kt + 1);
+            load_v(kt + 1);
+            mla_commit();
         }
-        // s[4j + e]: row r0 (e < 2) or r1, key kbeg + 8j + 2qd + (e & 1). Mask only tiles that
-        // reach past the shortest list of the query tile.
-        const int kbeg = kt * BN;
-        if (kbeg + BN > kmin) {
-#pragma unroll
-            for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    if (kbeg + 8 * j + 2 * qd + (e & 1) >= (e < 2 ? nk0 : nk1)) s[4 * j + e] = -INFINITY;
-        }
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < BN / 8; j++) {
-            mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
-            mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
-        }
-#pragma unroll
-        for (int off = 1; off < 4; off <<= 1) {
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
-        }
-        const float n0 = fmaxf(m0, mx0 * scale_log2), n1 = fmaxf(m1, mx1 * scale_log2);
-        // A row with no key yet keeps m = -inf: exponents against 0 then give p = 0, alpha = 0.
-        const float u0 = n0 == -INFINITY ? 0.f : n0, u1 = n1 == -INFINITY ? 0.f : n1;
-        const float a0 = mla_exp2(m0 - u0), a1 = mla_exp2(m1 - u1);
-        m0 = n0;
-        m1 = n1;
-        unsigned pa[BN / 16][4];  // P as A fragments, one k-step of 16 keys each
-        float ps0 = 0.f, ps1 = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            float p[8];
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                const int j = 2 * kk + (e >> 2);  // n8 chunks 2kk (keys +0..7) and 2kk+1
-                p[e] = mla_exp2(fmaf(s[4 * j + (e & 3)], scale_log2, -((e & 3) < 2 ? u0 : u1)));
-            }
-            ps0 += p[0] + p[1] + p[4] + p[5];
-            ps1 += p[2] + p[3] + p[6] + p[7];
-            pa[kk][0] = mla_pack(p[0], p[1]);  // row g, keys 2qd, 2qd+1
-            pa[kk][1] = mla_pack(p[2], p[3]);  // row g+8
-            pa[kk][2] = mla_pack(p[4], p[5]);  // row g, keys 8 + 2qd..
-            pa[kk][3] = mla_pack(p[6], p[7]);  // row g+8
-        }
-        l0 = l0 * a0 + ps0;
-        l1 = l1 * a1 + ps1;
-        if (!__all_sync(0xffffffffu, a0 == 1.f && a1 == 1.f)) {
-#pragma unroll
-            for (int j = 0; j < DV / 8; j++) {
-                o[4 * j] *= a0;
-                o[4 * j + 1] *= a0;
-                o[4 * j + 2] *= a1;
-                o[4 * j + 3] *= a1;
-            }
-        }
-
-        // O += P·V: BN/16 k-steps of 16 keys (2 KB apart), V N-major.
-        const unsigned long long dv = mlw_desc(v_s + buf * V_BYTES, BN * 128, 1024);
+        mlw_wait0();
+        mlw_pin<BN / 2>(s);
+        unsigned pa[BN / 16][4];
+        fw_softmax<BN>(s, pa, kt * BN, kmin, nk0, nk1, qd, scale_log2, m0, m1, l0, l1, a0, a1);
+        fw_rescale<DV>(o, a0, a1);
         mlw_pin<DV / 2>(o);
         mlw_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) fw_mma_pv<DV>(o, pa[kk], dv + 128 * kk);
-        mlw_commit();
+        fw_pv_issue<DV, BN>(o, pa, v_s + buf * V_BYTES);
         mlw_wait0();
         mlw_pin<DV / 2>(o);
+        fw_pin_a<BN / 16>(pa);
     }
     mla_wait<0>();
 
@@ -296,14 +347,14 @@ __device__ __forceinline__ void fa_wg(const bf16* qb, const bf16* kb, const bf16
 #endif  // MLW_OK
 
 #ifdef MLW_OK
-#define FW_ENTRY(NAME, DQ, DV, BN)                                                              \
+#define FW_ENTRY(NAME, DQ, DV, BN, SF)                                                        \
     extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1)                                \
         NAME(const bf16* qb, const bf16* kb, const bf16* vb, float* out, const int* tiles,      \
              const int* n_keys, const int* kv_base, int nh, int v_dim, float scale_log2) {      \
-        fa_wg<DQ, DV, BN>(qb, kb, vb, out, tiles, n_keys, kv_base, nh, v_dim, scale_log2);      \
+        fa_wg<DQ, DV, BN, SF>(qb, kb, vb, out, tiles, n_keys, kv_base, nh, v_dim, scale_log2); \
     }
 #else
-#define FW_ENTRY(NAME, DQ, DV, BN)                                                              \
+#define FW_ENTRY(NAME, DQ, DV, BN, SF)                                                        \
     extern "C" __global__ void NAME(const bf16* qb, const bf16* kb, const bf16* vb, float* out, \
                                     const int* tiles, const int* n_keys, const int* kv_base,    \
                                     int nh, int v_dim, float scale_log2) {                      \
@@ -311,6 +362,9 @@ __device__ __forceinline__ void fa_wg(const bf16* qb, const bf16* kb, const bf16
     }
 #endif
 
-// Lab variants (name: DQ, DV, keys per tile); shared memory per block in crate::flash_attn.
-FW_ENTRY(fa_fwd_wg_d192v128, 192, 128, 128)
-FW_ENTRY(fa_fwd_wg_d256, 256, 256, 64)
+// Variants (name: DQ, DV, keys per tile, S before the copies); shared memory per block in
+// crate::flash_attn.
+FW_ENTRY(fa_fwd_wg_d192v128, 192, 128, 128, false)
+FW_ENTRY(fa_fwd_wg_d256, 256, 256, 64, false)
+FW_ENTRY(fa_fwd_wg_d192v128_sf, 192, 128, 128, true)
+FW_ENTRY(fa_fwd_wg_d256_sf, 256, 256, 64, true)

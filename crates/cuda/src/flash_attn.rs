@@ -92,14 +92,17 @@ pub const FA_WGMMA_VARIANTS: [FaVariant; 2] = [
     fa_wg("fa_fwd_wg_d256", 256, 256, 64),
 ];
 
-/// Further variants timed by the kernel lab (examples/flash_attn.rs), never chosen.
-pub const FA_LAB_VARIANTS: [FaVariant; 6] = [
+/// Further variants timed by the kernel lab (examples/flash_attn.rs), never chosen. The `_sf`
+/// ones (wgmma, S issued before the next tile's copies) were added in session 6.
+pub const FA_LAB_VARIANTS: [FaVariant; 8] = [
     fa("fa_fwd_d192v128_w8", 192, 128, 64, 8),
     fa("fa_fwd_d256", 256, 256, 32, 4),
     fa("fa_fwd_d256_w8n32", 256, 256, 32, 8),
     fa_m2("fa_fwd_d192v128_m2", 192, 128, 64),
     fa_m2("fa_fwd_d192v128_m2n32", 192, 128, 32),
     fa_m2("fa_fwd_d128_m2", 128, 128, 64),
+    fa_wg("fa_fwd_wg_d192v128_sf", 192, 128, 128),
+    fa_wg("fa_fwd_wg_d256_sf", 256, 256, 64),
 ];
 
 /// Every compiled variant: the executor's, the wgmma ones, the lab's.
@@ -326,7 +329,7 @@ mod tests {
             assert!(f.smem_bytes() + 1024 <= 227 * 1024, "{f:?}");
             assert_eq!(f.bn % 16, 0);
             assert!(crate::kernels::NAMES.contains(&f.kernel), "{f:?}");
-            assert_eq!(f.wgmma, FA_WGMMA_VARIANTS.contains(&f), "{f:?}");
+            assert!(f.wgmma || !FA_WGMMA_VARIANTS.contains(&f), "{f:?}");
             assert!(!f.wgmma || (f.bm() == 128 && f.dq % 64 == 0 && f.dv % 64 == 0));
         }
         assert!(FA_VARIANTS.iter().all(|f| !f.wgmma));

@@ -86,6 +86,8 @@ pub const NAMES: &[&str] = &[
     "fa_fwd_d128_m2",
     "fa_fwd_wg_d192v128",
     "fa_fwd_wg_d256",
+    "fa_fwd_wg_d192v128_sf",
+    "fa_fwd_wg_d256_sf",
     "moe_sort",
     "moe_gemm",
     "moe_gemm_m4",

@@ -356,7 +356,8 @@ impl Gpu {
 
     /// A split count for [`Gpu::attn_mqa_tc`]: one block per SM runs at a time, so take the
     /// count whose last wave fills the SMs best (fewest splits within 3% of the best), with
-    /// at least 256 keys a split and at most `max_splits`.
+    /// at least 256 keys a split (64 on a tiny grid of 16-head blocks) and at most
+    /// `max_splits` ([`pick_splits`]).
     pub fn mqa_tc_splits(
         &self,
         t: usize,
@@ -365,17 +366,21 @@ impl Gpu {
         max_splits: usize,
     ) -> Result<usize> {
         let sms = self.sm_count;
-        let v = self.mqa_tc_variant(heads);
-        let groups = t.max(1) * heads.div_ceil(v.heads_per_block());
-        Ok(pick_splits(groups, sms, max_keys, max_splits))
+        let hpb = self.mqa_tc_variant(heads).heads_per_block();
+        let groups = t.max(1) * heads.div_ceil(hpb);
+        Ok(pick_splits(groups, heads.min(hpb), sms, max_keys, max_splits))
     }
 }
 
-/// See [`Gpu::mqa_tc_splits`]; `units` = tokens x head groups.
-pub fn pick_splits(units: usize, sms: usize, max_keys: usize, max_splits: usize) -> usize {
-    // At least 256 keys a split, or 64 (one tile) when the blocks would fill under 1/8 of
-    // the SMs: a decode of a few tokens is latency-bound (bench/cuda/decode_profile.md).
-    let min_keys = if units * 8 <= sms { 64 } else { 256 };
+/// See [`Gpu::mqa_tc_splits`]; `units` = tokens x head groups, `rows` = heads a block
+/// serves (queries staged per block).
+pub fn pick_splits(units: usize, rows: usize, sms: usize, max_keys: usize, max_splits: usize) -> usize {
+    // At least 256 keys a split. A decode of a few tokens is latency-bound, so when the
+    // blocks would fill under 1/8 of the SMs, 16-head blocks take splits of one 64-key tile
+    // (bench/cuda/decode_profile.md: 17.8 -> 13.0 µs at b1, ctx 512); blocks of 32-64 heads
+    // stay at 256, their f32 queries (74-147 KB a block) weighing like 64-128 cache rows
+    // (session 6 lab, B16 H64 ctx 1,024: 4 splits 24.4 µs, 8 splits 26.8, 16 splits 47.7).
+    let min_keys = if units * 8 <= sms && rows <= 16 { 64 } else { 256 };
     let cap = max_splits.min(max_keys.div_ceil(min_keys)).max(1);
     let fill = |s: usize| {
         let blocks = units * s;
@@ -392,14 +397,17 @@ mod tests {
     #[test]
     fn splits_fill_the_sms() {
         // B=64, 16 heads, ctx 4096 on 132 SMs: 2 splits = 128 blocks, 97% of one wave.
-        assert_eq!(pick_splits(64, 132, 4096, 16), 2);
+        assert_eq!(pick_splits(64, 16, 132, 4096, 16), 2);
         // B=128: one split already fills 97%.
-        assert_eq!(pick_splits(128, 132, 8192, 16), 1);
-        // Batch 1: as many splits as allowed, 256 keys each at least.
-        assert_eq!(pick_splits(1, 132, 4096, 16), 16);
-        assert_eq!(pick_splits(1, 132, 300, 16), 5);
-        assert_eq!(pick_splits(1, 132, 513, 16), 9);
-        assert_eq!(pick_splits(1, 132, 1, 16), 1);
+        assert_eq!(pick_splits(128, 16, 132, 8192, 16), 1);
+        // Batch 1: as many splits as allowed, one 64-key tile each at least.
+        assert_eq!(pick_splits(1, 16, 132, 4096, 16), 16);
+        assert_eq!(pick_splits(1, 16, 132, 300, 16), 5);
+        assert_eq!(pick_splits(1, 16, 132, 513, 16), 9);
+        assert_eq!(pick_splits(1, 16, 132, 1, 16), 1);
+        // 64-head blocks keep 256 keys a split: B16 at 1,024 keys takes 4, B1 at 8,192 16.
+        assert_eq!(pick_splits(16, 64, 132, 1024, 16), 4);
+        assert_eq!(pick_splits(1, 64, 132, 8192, 16), 16);
     }
 
     #[test]

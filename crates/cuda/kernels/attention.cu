@@ -44,6 +44,7 @@ extern "C" __global__ void attn_mha(const float* q, const float* k_nope, const f
                                     const float* v, float* out, const int* n_keys,
                                     const int* sel_off, const int* sel_pos, const int* kv_base,
                                     int nh, int p_dim, int r_dim, int v_dim, float scale) {
+    MLA_PDL();
     __shared__ float qs[1024];
     __shared__ float s[ATT_CHUNK];
     __shared__ int rows[ATT_CHUNK];
@@ -98,6 +99,7 @@ extern "C" __global__ void attn_mqa_split(const float* q_lat, const float* q, co
                                           const int* sel_off, const int* sel_pos,
                                           const int* block_tables, const int* bt_off, int bs,
                                           int nh, int p_dim, int r_dim, int l_dim, float scale) {
+    MLA_PDL();
     __shared__ float qs[1024 + 128];
     __shared__ float s[ATT_CHUNK];
     __shared__ i64 slots[ATT_CHUNK];
@@ -152,6 +154,7 @@ extern "C" __global__ void attn_mqa_split(const float* q_lat, const float* q, co
 // grid (T * N), block 256.
 extern "C" __global__ void attn_mqa_combine(const float* part, const float* lse, bf16* o_lat,
                                             int ns, int l_dim) {
+    MLA_PDL();
     i64 th = blockIdx.x;
     const float* ls = lse + th * ns;
     float mx = -INFINITY;
@@ -175,6 +178,7 @@ extern "C" __global__ void dsa_scores(const float* iq, const float* wt, const fl
                                       float* scores, const int* n_keys, const int* block_tables,
                                       const int* bt_off, int bs, int hi, int d, float d_scale,
                                       float w_scale, int max_keys) {
+    MLA_PDL();
     int t = blockIdx.x, lane = threadIdx.x & 31;
     int j = blockIdx.y * ATT_WARPS + (threadIdx.x >> 5);
     if (j >= n_keys[t]) return;

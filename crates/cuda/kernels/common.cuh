@@ -6,6 +6,21 @@ typedef long long i64;
 #define INFINITY __int_as_float(0x7f800000)
 #endif
 
+// Programmatic dependent launch (sm_90+). The host launches every kernel with the programmatic
+// stream serialization attribute (Gpu::launch), so a kernel may be scheduled while the one
+// before it in the stream still runs: its launch latency hides behind that kernel's tail.
+// Hence the first statement of every kernel is MLA_PDL(): wait until the preceding grid has
+// completed and its memory is visible (before any read or write, so no ordering is lost), then
+// let the next kernel be scheduled. Elsewhere (and without the attribute) it does nothing.
+// kernels.rs's tests check that every kernel starts with it.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define MLA_PDL() asm volatile("griddepcontrol.wait;\ngriddepcontrol.launch_dependents;\n" ::: "memory")
+#else
+#define MLA_PDL() \
+    do {          \
+    } while (0)
+#endif
+
 __device__ __forceinline__ float bf2f(bf16 v) { return __uint_as_float(((unsigned)v) << 16); }
 
 __device__ __forceinline__ bf16 f2bf(float f) {

@@ -2,6 +2,7 @@
 
 // x[t, :] = f32(table[tokens[t], :]).  grid (T), block 256.
 extern "C" __global__ void embed_bf16(const bf16* table, const unsigned* tokens, float* x, int h) {
+    MLA_PDL();
     const bf16* row = table + (i64)tokens[blockIdx.x] * h;
     float* out = x + (i64)blockIdx.x * h;
     for (int i = threadIdx.x; i < h; i += blockDim.x) out[i] = bf2f(row[i]);
@@ -9,6 +10,7 @@ extern "C" __global__ void embed_bf16(const bf16* table, const unsigned* tokens,
 
 // y = bf16(x), n elements.  grid-stride.
 extern "C" __global__ void f32_to_bf16(const float* x, bf16* y, i64 n) {
+    MLA_PDL();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
         y[i] = f2bf(x[i]);
 }
@@ -18,6 +20,7 @@ extern "C" __global__ void f32_to_bf16(const float* x, bf16* y, i64 n) {
 // `rows_idx` (may be null) picks the input row of each output row.
 extern "C" __global__ void rms_norm(const float* x, int xs, const int* rows_idx, const float* w,
                                     float* out, int os, bf16* outb, int obs, int n, float eps) {
+    MLA_PDL();
     __shared__ float red[32];
     int r = blockIdx.x;
     const float* xr = x + (i64)(rows_idx ? rows_idx[r] : r) * xs;
@@ -35,6 +38,7 @@ extern "C" __global__ void rms_norm(const float* x, int xs, const int* rows_idx,
 // LayerNorm (mean/variance, weight and bias) of each row in place.  grid (rows), block 128.
 extern "C" __global__ void layer_norm(float* x, int xs, const float* w, const float* b, int n,
                                       float eps) {
+    MLA_PDL();
     __shared__ float red[32];
     float* xr = x + (i64)blockIdx.x * xs;
     float s = 0.f;
@@ -52,6 +56,7 @@ extern "C" __global__ void layer_norm(float* x, int xs, const float* w, const fl
 extern "C" __global__ void rope_interleaved(float* x, int row_stride, int n_heads, int head_stride,
                                             int offset, int r, const float* cos_t,
                                             const float* sin_t) {
+    MLA_PDL();
     int t = blockIdx.x, half = r / 2;
     const float* c = cos_t + (i64)t * half;
     const float* s = sin_t + (i64)t * half;
@@ -66,6 +71,7 @@ extern "C" __global__ void rope_interleaved(float* x, int row_stride, int n_head
 
 // out[t, i] = bf16(silu(gu[t, i]) * gu[t, f + i]) for gate|up rows [T, 2f].  grid-stride.
 extern "C" __global__ void silu_mul_bf16(const float* gu, bf16* out, int f, i64 rows) {
+    MLA_PDL();
     i64 n = rows * f;
     for (i64 k = blockIdx.x * (i64)blockDim.x + threadIdx.x; k < n; k += (i64)gridDim.x * blockDim.x) {
         i64 t = k / f;
@@ -77,6 +83,7 @@ extern "C" __global__ void silu_mul_bf16(const float* gu, bf16* out, int f, i64 
 
 // dst[m, :] = src[idx[m], :] (bf16 rows of width n).  grid (M), block 256.
 extern "C" __global__ void gather_rows_bf16(const bf16* src, const int* idx, bf16* dst, int n) {
+    MLA_PDL();
     const bf16* s = src + (i64)idx[blockIdx.x] * n;
     bf16* d = dst + (i64)blockIdx.x * n;
     for (int i = threadIdx.x; i < n; i += blockDim.x) d[i] = s[i];
@@ -86,6 +93,7 @@ extern "C" __global__ void gather_rows_bf16(const bf16* src, const int* idx, bf1
 // grid (T), block 256.
 extern "C" __global__ void moe_combine(float* x, const float* y, const int* rows, const float* w,
                                        int k, int h) {
+    MLA_PDL();
     int t = blockIdx.x;
     for (int i = threadIdx.x; i < h; i += blockDim.x) {
         float acc = 0.f;
@@ -101,6 +109,7 @@ extern "C" __global__ void moe_combine(float* x, const float* y, const int* rows
 // grid (T), block 256.
 extern "C" __global__ void cache_write_bf16(const float* kv, int ks, const i64* slots, bf16* cache,
                                             int w) {
+    MLA_PDL();
     const float* s = kv + (i64)blockIdx.x * ks;
     bf16* d = cache + slots[blockIdx.x] * w;
     for (int i = threadIdx.x; i < w; i += blockDim.x) d[i] = f2bf(s[i]);
@@ -109,6 +118,7 @@ extern "C" __global__ void cache_write_bf16(const float* kv, int ks, const i64* 
 // f32 variant (DSA index keys).
 extern "C" __global__ void cache_write_f32(const float* kv, int ks, const i64* slots, float* cache,
                                            int w) {
+    MLA_PDL();
     const float* s = kv + (i64)blockIdx.x * ks;
     float* d = cache + slots[blockIdx.x] * w;
     for (int i = threadIdx.x; i < w; i += blockDim.x) d[i] = s[i];
@@ -118,6 +128,7 @@ extern "C" __global__ void cache_write_f32(const float* kv, int ks, const i64* s
 // [l, w) to kpe [S, w-l] as f32.  grid (S), block 256.
 extern "C" __global__ void gather_latent(const bf16* cache, const i64* slots, int w, int l,
                                          bf16* kvc, float* kpe) {
+    MLA_PDL();
     const bf16* row = cache + slots[blockIdx.x] * w;
     for (int i = threadIdx.x; i < w; i += blockDim.x) {
         if (i < l) kvc[(i64)blockIdx.x * l + i] = row[i];
@@ -127,12 +138,14 @@ extern "C" __global__ void gather_latent(const bf16* cache, const i64* slots, in
 
 // x[i] += y[i], n elements (the residual add of an all-reduced partial).  grid-stride.
 extern "C" __global__ void add_f32(float* x, const float* y, i64 n) {
+    MLA_PDL();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
         x[i] += y[i];
 }
 
 // dst[m, :] = src[idx[m], :], f32 rows of n.  grid (M), block 256.
 extern "C" __global__ void gather_rows_f32(const float* src, const int* idx, float* dst, int n) {
+    MLA_PDL();
     const float* s = src + (i64)idx[blockIdx.x] * n;
     float* d = dst + (i64)blockIdx.x * n;
     for (int i = threadIdx.x; i < n; i += blockDim.x) d[i] = s[i];
@@ -140,6 +153,7 @@ extern "C" __global__ void gather_rows_f32(const float* src, const int* idx, flo
 
 // dst[idx[m], :] += src[m, :] (idx distinct), f32 rows of n.  grid (M), block 256.
 extern "C" __global__ void add_rows_indexed(float* dst, const float* src, const int* idx, int n) {
+    MLA_PDL();
     float* d = dst + (i64)idx[blockIdx.x] * n;
     const float* s = src + (i64)blockIdx.x * n;
     for (int i = threadIdx.x; i < n; i += blockDim.x) d[i] += s[i];

@@ -31,6 +31,7 @@ __device__ __forceinline__ void fa_pack_row(const float* src, int n, unsigned* d
 
 // q [T, N*qk] f32 -> qb [T, N, dq] bf16.  block 256 (8 rows of T*N), grid ceil(T*N / 8).
 extern "C" __global__ void fa_pack_q(const float* q, bf16* qb, int rows, int qk, int dq) {
+    MLA_PDL();
     i64 th = (i64)blockIdx.x * 8 + (threadIdx.x >> 5);
     if (th >= rows) return;
     fa_pack_row(q + th * qk, qk, (unsigned*)(qb + th * dq), dq, threadIdx.x & 31);
@@ -41,6 +42,7 @@ extern "C" __global__ void fa_pack_q(const float* q, bf16* qb, int rows, int qk,
 extern "C" __global__ void fa_pack_kv(const float* k_nope, const float* kpe, const float* v,
                                       bf16* kb, bf16* vb, int s_rows, int nh, int p_dim,
                                       int r_dim, int v_dim, int dq, int dv) {
+    MLA_PDL();
     i64 sh = (i64)blockIdx.x * 8 + (threadIdx.x >> 5);
     if (sh >= (i64)s_rows * nh) return;
     int lane = threadIdx.x & 31;
@@ -321,6 +323,7 @@ __device__ __forceinline__ void fa_fwd(const bf16* qb, const bf16* kb, const bf1
     extern "C" __global__ void __launch_bounds__(32 * WARPS)                                     \
         NAME(const bf16* qb, const bf16* kb, const bf16* vb, float* out, const int* tiles,      \
              const int* n_keys, const int* kv_base, int nh, int v_dim, float scale_log2) {      \
+        MLA_PDL();                                                                              \
         fa_fwd<DQ, DV, BN, WARPS, MT, QREG>(qb, kb, vb, out, tiles, n_keys, kv_base, nh, v_dim, \
                                             scale_log2);                                        \
     }
@@ -329,6 +332,7 @@ __device__ __forceinline__ void fa_fwd(const bf16* qb, const bf16* kb, const bf1
     extern "C" __global__ void NAME(const bf16* qb, const bf16* kb, const bf16* vb, float* out, \
                                     const int* tiles, const int* n_keys, const int* kv_base,    \
                                     int nh, int v_dim, float scale_log2) {                      \
+        MLA_PDL();                                                                              \
         __trap();                                                                                \
     }
 #endif

@@ -351,6 +351,7 @@ __device__ __forceinline__ void fa_wg(const bf16* qb, const bf16* kb, const bf16
     extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1)                                \
         NAME(const bf16* qb, const bf16* kb, const bf16* vb, float* out, const int* tiles,      \
              const int* n_keys, const int* kv_base, int nh, int v_dim, float scale_log2) {      \
+        MLA_PDL();                                                                              \
         fa_wg<DQ, DV, BN, SF>(qb, kb, vb, out, tiles, n_keys, kv_base, nh, v_dim, scale_log2); \
     }
 #else
@@ -358,6 +359,7 @@ __device__ __forceinline__ void fa_wg(const bf16* qb, const bf16* kb, const bf16
     extern "C" __global__ void NAME(const bf16* qb, const bf16* kb, const bf16* vb, float* out, \
                                     const int* tiles, const int* n_keys, const int* kv_base,    \
                                     int nh, int v_dim, float scale_log2) {                      \
+        MLA_PDL();                                                                              \
         __trap();                                                                                \
     }
 #endif

@@ -719,20 +719,26 @@ __device__ __forceinline__ void mla_decode_ksplit(const float* q_lat, const floa
 #endif
 
 extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_m1s3q(MLA_PARAMS) {
+    MLA_PDL();
     MLA_CALL((mla_decode_body<1, 3, true, false>))
 }
 extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_m2s2(MLA_PARAMS) {
+    MLA_PDL();
     MLA_CALL((mla_decode_body<2, 2, false, false>))
 }
 extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_m1s2(MLA_PARAMS) {
+    MLA_PDL();
     MLA_CALL((mla_decode_body<1, 2, false, false>))
 }
 extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_m2k(MLA_PARAMS) {
+    MLA_PDL();
     MLA_CALL(mla_decode_ksplit<false>)
 }
 extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_m1s3b(MLA_PARAMS) {
+    MLA_PDL();
     MLA_CALL90((mla_decode_body<1, 3, true, true>))
 }
 extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_m2kb(MLA_PARAMS) {
+    MLA_PDL();
     MLA_CALL90(mla_decode_ksplit<true>)
 }

@@ -385,10 +385,10 @@ __device__ __forceinline__ void mlw_body(const float* q_lat, const float* q, con
 #else
 #define MLW_CALL(ABL) __trap();
 #endif
-extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_w64(MLA_PARAMS) { MLW_CALL(0) }
+extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_w64(MLA_PARAMS) { MLA_PDL(); MLW_CALL(0) }
 // Kernel-lab ablations of mla_decode_w64 (see mlw_body).
 #define MLW_ABLATION(NAME, ABL) \
-    extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) NAME(MLA_PARAMS) { MLW_CALL(ABL) }
+    extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) NAME(MLA_PARAMS) { MLA_PDL(); MLW_CALL(ABL) }
 MLW_ABLATION(mla_decode_w64_noload, 1)  // compute only
 MLW_ABLATION(mla_decode_w64_nopv, 2)    // loads, S, softmax
 MLW_ABLATION(mla_decode_w64_nos, 4)     // loads, softmax, P·V

@@ -7,6 +7,7 @@
 extern "C" __global__ void moe_route(const float* logits, const float* bias, int e, int k,
                                      int gating, int n_group, int topk_group, int norm,
                                      float scale, int* ids, float* weights) {
+    MLA_PDL();
     __shared__ float sc[1024];
     __shared__ float ch[1024];
     __shared__ float red[32];
@@ -100,6 +101,7 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, int
 extern "C" __global__ void moe_gemv(const unsigned long long* w_ptrs, int first, int held,
                                     const int* ids, const bf16* x, int x_div, int n, int rows,
                                     float* out) {
+    MLA_PDL();
     int p = blockIdx.y, lane = threadIdx.x & 31;
     int row = blockIdx.x * 8 + (threadIdx.x >> 5);
     if (row >= rows) return;
@@ -128,6 +130,7 @@ extern "C" __global__ void moe_gemv(const unsigned long long* w_ptrs, int first,
 // grid (T, ceil(h / 256)), block 256: a thread per element.
 extern "C" __global__ void moe_combine_pairs(float* x, const float* y, const float* w, int k,
                                              int h) {
+    MLA_PDL();
     int t = blockIdx.x;
     int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i < h) {

@@ -19,6 +19,7 @@
 // One block of 1024 threads; dynamic shared memory 4 * pairs bytes, held <= 1024.
 extern "C" __global__ void moe_sort(const int* ids, int pairs, int first, int held, int bm,
                                     int* order, int* pos, int* offsets, int* tile_off) {
+    MLA_PDL();
     extern __shared__ int sid[];
     __shared__ int cnt[1024];
     __shared__ int off[1024];
@@ -307,7 +308,8 @@ __device__ __forceinline__ void moe_gemm_t(const unsigned long long* w_ptrs, con
     extern "C" __global__ void __launch_bounds__(128)                                          \
         NAME(const unsigned long long* w_ptrs, const int* order, const bf16* x, int x_div,    \
              int gather, const int* offsets, const int* tile_off, int held, int n, int k,     \
-             float* out, int dense_m, int accumulate) {                                        \
+             float* out, int dense_m, int accumulate) {                                       \
+        MLA_PDL();                                                                            \
         moe_gemm_t<MT, TY>(w_ptrs, order, x, x_div, gather, offsets, tile_off, held, n, k,    \
                            out, dense_m, accumulate);                                          \
     }
@@ -321,6 +323,7 @@ MOE_GEMM_ENTRY(moe_gemm_q4_k_m4, 4, QT_Q4_K)
 // out[i] (+)= sum over z < splits of part[z * mn + i], z in order (deterministic).
 extern "C" __global__ void qgemm_reduce(const float* part, int splits, i64 mn, int accumulate,
                                         float* out) {
+    MLA_PDL();
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < mn;
          i += (i64)gridDim.x * blockDim.x) {
         float v = 0.f;
@@ -332,6 +335,7 @@ extern "C" __global__ void qgemm_reduce(const float* part, int splits, i64 mn, i
 #else
 extern "C" __global__ void qgemm_reduce(const float* part, int splits, i64 mn, int accumulate,
                                         float* out) {
+    MLA_PDL();
     __trap();
 }
 #define MOE_GEMM_TRAP(NAME)                                                                    \
@@ -339,6 +343,7 @@ extern "C" __global__ void qgemm_reduce(const float* part, int splits, i64 mn, i
                                     const bf16* x, int x_div, int gather, const int* offsets,  \
                                     const int* tile_off, int held, int n, int k, float* out,   \
                                     int dense_m, int accumulate) {                             \
+        MLA_PDL();                                                                             \
         __trap();                                                                              \
     }
 MOE_GEMM_TRAP(moe_gemm)

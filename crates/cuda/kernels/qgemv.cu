@@ -126,6 +126,7 @@ __device__ __forceinline__ void q8_block(const bf16* x, signed char* q, float& d
 // xs f32 (scale * sum of the block's q) per 32 values. A thread per block; grid-stride.
 extern "C" __global__ void q8_quantize_x(const bf16* x, i64 blocks, signed char* xq, float* xd,
                                          float* xs) {
+    MLA_PDL();
     for (i64 b = (i64)blockIdx.x * blockDim.x + threadIdx.x; b < blocks;
          b += (i64)gridDim.x * blockDim.x)
         q8_block(x + b * 32, xq + b * 32, xd[b], xs[b]);
@@ -344,6 +345,7 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
         qmv_##TYN##_r##R##m##MT(const unsigned long long* w_ptrs, unsigned long long w0,       \
                                 int first, int held, const int* ids, const bf16* x, int x_div, \
                                 int rows, int k, int m, int accumulate, float* out) {          \
+        MLA_PDL();                                                                             \
         qmv_t<TY, R, MT, DEPTH>(w_ptrs, w0, first, held, ids, x, x_div, rows, k, m,            \
                                 accumulate, out);                                              \
     }
@@ -424,6 +426,7 @@ __device__ __forceinline__ void q4k_dequant32(uint4 hd, uint4 qs, int h, bf16* l
 // nearest even of the exact value). One thread per 16 quants; grid-stride.
 extern "C" __global__ void dequant_q8_0_bf16(const unsigned char* w, const unsigned short* wd,
                                              bf16* out, int rows, int k) {
+    MLA_PDL();
     const i64 total = (i64)rows * k / 16;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (i64)gridDim.x * blockDim.x)
@@ -434,6 +437,7 @@ extern "C" __global__ void dequant_q8_0_bf16(const unsigned char* w, const unsig
 // Q4_K rows [rows, k] -> bf16 [rows, k]. One thread per (super-block, lane j of 8): 16 low-
 // and 16 high-nibble elements, as in the GEMV; grid-stride.
 extern "C" __global__ void dequant_q4_k_bf16(const unsigned char* w, bf16* out, int rows, int k) {
+    MLA_PDL();
     const i64 total = (i64)rows * (k >> 8) * 8;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (i64)gridDim.x * blockDim.x) {

@@ -118,6 +118,10 @@ pub struct Gpu {
     /// The bf16 scratch quantized weights are dequantized into for large-M products
     /// (qgemv.rs), reserved once before any step so graph captures never allocate.
     pub(crate) dequant_scratch: std::sync::OnceLock<DBuf<u16>>,
+    /// Kernels launch with programmatic stream serialization (sm_90+, unless
+    /// `MLASERVE_PDL=0`): each may be scheduled while the previous kernel runs and waits for
+    /// it in its first statement (`MLA_PDL()` in kernels/common.cuh).
+    pub pdl: bool,
 }
 
 /// The step scratch arena: chunks of device memory, bump-allocated, reset per step.
@@ -175,6 +179,7 @@ impl Gpu {
             )
             .map_err(|e| CudaError::driver("multiprocessor count", e))?
             .max(1) as usize;
+        let pdl = maj >= 9 && std::env::var("MLASERVE_PDL").map_or(true, |v| v != "0");
         let t0 = std::time::Instant::now();
         let (ptx, cached) = kernels::ptx_for(arch)?;
         let module = ctx
@@ -233,6 +238,7 @@ impl Gpu {
             smem_raised: std::sync::Mutex::new(std::collections::HashSet::new()),
             prof: std::sync::Mutex::new(None),
             dequant_scratch: std::sync::OnceLock::new(),
+            pdl,
         })
     }
 
@@ -597,16 +603,43 @@ impl Gpu {
             .bind_to_thread()
             .map_err(|e| CudaError::driver("bind", e))?;
         // SAFETY: `params` points into `vals`, alive across the call; each caller in ops.rs
-        // passes the kernel's exact parameter list.
+        // passes the kernel's exact parameter list. With `pdl`, every kernel's first
+        // statement waits for the grid before it (kernels.rs tests that each one does).
         unsafe {
-            drv::launch_kernel(
-                f.cu_function(),
-                cfg.grid_dim,
-                cfg.block_dim,
-                cfg.shared_mem_bytes,
-                self.stream.cu_stream(),
-                &mut params,
-            )
+            if self.pdl {
+                use cudarc::driver::sys as cu;
+                let mut attr: cu::CUlaunchAttribute = std::mem::zeroed();
+                attr.id = cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+                attr.value.programmaticStreamSerializationAllowed = 1;
+                let lc = cu::CUlaunchConfig {
+                    gridDimX: cfg.grid_dim.0,
+                    gridDimY: cfg.grid_dim.1,
+                    gridDimZ: cfg.grid_dim.2,
+                    blockDimX: cfg.block_dim.0,
+                    blockDimY: cfg.block_dim.1,
+                    blockDimZ: cfg.block_dim.2,
+                    sharedMemBytes: cfg.shared_mem_bytes,
+                    hStream: self.stream.cu_stream(),
+                    attrs: &mut attr,
+                    numAttrs: 1,
+                };
+                cu::cuLaunchKernelEx(
+                    &lc,
+                    f.cu_function(),
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+                .result()
+            } else {
+                drv::launch_kernel(
+                    f.cu_function(),
+                    cfg.grid_dim,
+                    cfg.block_dim,
+                    cfg.shared_mem_bytes,
+                    self.stream.cu_stream(),
+                    &mut params,
+                )
+            }
         }
         .map_err(|e| CudaError::driver(format!("launching {name}"), e))?;
         self.prof_mark(name)

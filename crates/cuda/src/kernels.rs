@@ -208,6 +208,25 @@ pub fn compile(arch: &'static str) -> Result<Ptx> {
 mod tests {
     use super::*;
 
+    /// Every kernel's body starts with `MLA_PDL();`: launched with programmatic stream
+    /// serialization (sm_90+), a kernel that touched memory before waiting for the previous
+    /// grid would race with it.
+    #[test]
+    fn every_kernel_waits_for_the_previous_grid_first() {
+        let mut n = 0;
+        for (i, _) in SOURCE.match_indices("extern \"C\" __global__") {
+            let body = &SOURCE[i..][SOURCE[i..].find('{').unwrap() + 1..];
+            let first = body.trim_start_matches(|c: char| c.is_whitespace() || c == '\\');
+            assert!(
+                first.starts_with("MLA_PDL();"),
+                "a kernel does not start with MLA_PDL(): {}",
+                &SOURCE[i..i + 120.min(SOURCE.len() - i)]
+            );
+            n += 1;
+        }
+        assert!(n >= 40, "{n} kernels found");
+    }
+
     #[test]
     fn archs() {
         assert_eq!(arch_for(9, 0).unwrap(), "sm_90a");

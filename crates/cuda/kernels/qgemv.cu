@@ -214,25 +214,38 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     const int items = mine * steps;
     const int i8 = lane & 7, h = i8 >> 1, lo = (i8 & 1) * 16;  // Q4_K lane roles
     const unsigned short* wd = (const unsigned short*)(w + (i64)rows * k);  // Q8_0 scales
-    const i64 rb = (i64)nsb * 144;
-    auto load = [&](int it, QmvStep<TY, R>& st) {
-        const int g = gw + (it / steps) * nw, s = it % steps;
+    const i64 rb = TY == QT_Q8_0 ? (i64)k : (i64)nsb * 144;  // bytes a row (quants)
+    // The load cursor: step ls of row group lg, whose rows start at lw[r] (scales at lwd[r]).
+    // Counters and per-row bases instead of a division per step: the address arithmetic
+    // was most of a step's instructions.
+    int ls = 0, lg = gw;
+    const unsigned char* lw[R];
+    const unsigned short* lwd[R];
+    auto rows_of = [&](int g) {
 #pragma unroll
         for (int r = 0; r < R; r++) {
             const int row = min(g * R + r, rows - 1);  // computed, not stored
+            lw[r] = w + (i64)row * rb;
+            lwd[r] = wd + (i64)row * nb;
+        }
+    };
+    rows_of(lg);
+    auto load = [&](QmvStep<TY, R>& st) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
             if constexpr (TY == QT_Q8_0) {
-                const int c = s * 512 + lane * 16;
+                const int c = ls * 512 + lane * 16;
                 if (c < k) {
-                    st.q[r] = ldg16(w + (i64)row * k + c);
-                    st.hd[r].x = __ldg(wd + (i64)row * nb + (c >> 5));
+                    st.q[r] = ldg16(lw[r] + c);
+                    st.hd[r].x = __ldg(lwd[r] + (c >> 5));
                 } else {
                     st.q[r] = make_uint4(0u, 0u, 0u, 0u);
                     st.hd[r].x = 0u;
                 }
             } else {
-                const int sb = s * 4 + (lane >> 3);
+                const int sb = ls * 4 + (lane >> 3);
                 if (sb < nsb) {
-                    const unsigned char* blk = w + (i64)row * rb + (i64)sb * 144;
+                    const unsigned char* blk = lw[r] + sb * 144;
                     st.hd[r] = ldg16(blk);
                     st.q[r] = ldg16(blk + 16 + 16 * i8);
                 } else {
@@ -240,11 +253,16 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
                 }
             }
         }
+        if (++ls == steps) {
+            ls = 0;
+            lg += nw;
+            rows_of(lg);
+        }
     };
     QmvStep<TY, R> pre[DEPTH];
 #pragma unroll
     for (int d = 0; d < DEPTH; d++)
-        if (d < items) load(d, pre[d]);
+        if (d < items) load(pre[d]);
     for (int v = 0; v < nv; v++) {
         const bf16* xrow = x + (i64)(xr + v) * k;
         for (int b = threadIdx.x; b < nb; b += blockDim.x)
@@ -256,14 +274,14 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     for (int v = 0; v < MT; v++)
 #pragma unroll
         for (int r = 0; r < R; r++) acc[v][r] = 0.f;
+    int s = 0, row0 = gw * R;  // the compute cursor: step s of the group at row0
     for (int base = 0; base < items; base += DEPTH) {
 #pragma unroll
         for (int d = 0; d < DEPTH; d++) {
             const int it = base + d;
             if (it < items) {
                 const QmvStep<TY, R> cur = pre[d];
-                if (it + DEPTH < items) load(it + DEPTH, pre[d]);
-                const int s = it % steps;
+                if (it + DEPTH < items) load(pre[d]);
                 if constexpr (TY == QT_Q8_0) {
                     const int c = s * 512 + lane * 16;
                     if (c < k) {
@@ -321,8 +339,7 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
                         }
                     }
                 }
-                if (s == steps - 1) {
-                    const int row0 = (gw + (it / steps) * nw) * R;
+                if (++s == steps) {
 #pragma unroll
                     for (int v = 0; v < MT; v++)
 #pragma unroll
@@ -334,14 +351,16 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
                                 *o = accumulate ? *o + t : t;
                             }
                         }
+                    s = 0;
+                    row0 += nw * R;
                 }
             }
         }
     }
 }
 
-#define QMV_ENTRY(TYN, TY, R, MT, DEPTH)                                                       \
-    extern "C" __global__ void __launch_bounds__(256, 2)                                       \
+#define QMV_ENTRY(TYN, TY, R, MT, DEPTH, MINB)                                                 \
+    extern "C" __global__ void __launch_bounds__(256, MINB)                                    \
         qmv_##TYN##_r##R##m##MT(const unsigned long long* w_ptrs, unsigned long long w0,       \
                                 int first, int held, const int* ids, const bf16* x, int x_div, \
                                 int rows, int k, int m, int accumulate, float* out) {          \
@@ -349,19 +368,21 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
         qmv_t<TY, R, MT, DEPTH>(w_ptrs, w0, first, held, ids, x, x_div, rows, k, m,            \
                                 accumulate, out);                                              \
     }
-// qgemv.rs's QmvVariant::ALL lists these (steps in flight: 4, 2 where registers bind).
-QMV_ENTRY(q8_0, QT_Q8_0, 1, 1, 4)
-QMV_ENTRY(q8_0, QT_Q8_0, 2, 1, 4)
-QMV_ENTRY(q8_0, QT_Q8_0, 4, 1, 2)
-QMV_ENTRY(q8_0, QT_Q8_0, 2, 2, 4)
-QMV_ENTRY(q8_0, QT_Q8_0, 2, 4, 2)
-QMV_ENTRY(q8_0, QT_Q8_0, 2, 8, 2)
-QMV_ENTRY(q4_k, QT_Q4_K, 1, 1, 4)
-QMV_ENTRY(q4_k, QT_Q4_K, 2, 1, 4)
-QMV_ENTRY(q4_k, QT_Q4_K, 4, 1, 2)
-QMV_ENTRY(q4_k, QT_Q4_K, 2, 2, 4)
-QMV_ENTRY(q4_k, QT_Q4_K, 2, 4, 2)
-QMV_ENTRY(q4_k, QT_Q4_K, 2, 8, 2)
+// qgemv.rs's QmvVariant::ALL lists these (type, rows a warp, vectors, steps in flight: 4, 2
+// where registers bind; CTAs an SM). 8 rows a warp (one CTA an SM for the registers) measured
+// 0-16% slower than 4 at every shape in session 6 (bench/cuda/qgemv.md).
+QMV_ENTRY(q8_0, QT_Q8_0, 1, 1, 4, 2)
+QMV_ENTRY(q8_0, QT_Q8_0, 2, 1, 4, 2)
+QMV_ENTRY(q8_0, QT_Q8_0, 4, 1, 2, 2)
+QMV_ENTRY(q8_0, QT_Q8_0, 2, 2, 4, 2)
+QMV_ENTRY(q8_0, QT_Q8_0, 2, 4, 2, 2)
+QMV_ENTRY(q8_0, QT_Q8_0, 2, 8, 2, 2)
+QMV_ENTRY(q4_k, QT_Q4_K, 1, 1, 4, 2)
+QMV_ENTRY(q4_k, QT_Q4_K, 2, 1, 4, 2)
+QMV_ENTRY(q4_k, QT_Q4_K, 4, 1, 2, 2)
+QMV_ENTRY(q4_k, QT_Q4_K, 2, 2, 4, 2)
+QMV_ENTRY(q4_k, QT_Q4_K, 2, 4, 2, 2)
+QMV_ENTRY(q4_k, QT_Q4_K, 2, 8, 2, 2)
 
 // Two f32 -> bf16x2 (lo in the low half), rounded to nearest even: one cvt on sm_80+, f2bf
 // before. Dequantized weights are finite, where both agree bit for bit.

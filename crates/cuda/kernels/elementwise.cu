@@ -115,6 +115,41 @@ extern "C" __global__ void cache_write_bf16(const float* kv, int ks, const i64* 
     for (int i = threadIdx.x; i < w; i += blockDim.x) d[i] = f2bf(s[i]);
 }
 
+// The latent row of each token finished and cached, in one kernel (rms_norm, rope_interleaved
+// and cache_write_bf16 in turn, with their arithmetic, so bit-identical to them): kv [T, l+r]
+// f32 (row stride ks) in place — kv_c = kv[:, :l] RMSNorm'd times w, k_pe = kv[:, l:l+r]
+// rotated in interleaved pairs by cos/sin [T, r/2] — then cache[slots[t], :] = bf16(row).
+// grid (T), block 256.
+extern "C" __global__ void kv_finish(float* kv, int ks, const float* w, int l, int r, float eps,
+                                     const float* cos_t, const float* sin_t, const i64* slots,
+                                     bf16* cache) {
+    MLA_PDL();
+    __shared__ float red[32];
+    const int t = blockIdx.x, half = r / 2;
+    float* row = kv + (i64)t * ks;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < l; i += blockDim.x) ss += row[i] * row[i];
+    ss = block_sum(ss, red);
+    const float inv = rsqrtf(ss / l + eps);
+    bf16* d = cache + slots[t] * (l + r);
+    for (int i = threadIdx.x; i < l; i += blockDim.x) {
+        const float v = row[i] * inv * w[i];
+        row[i] = v;
+        d[i] = f2bf(v);
+    }
+    const float* c = cos_t + (i64)t * half;
+    const float* sn = sin_t + (i64)t * half;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float* p = row + l + 2 * i;
+        const float x0 = p[0], x1 = p[1];
+        const float y0 = x0 * c[i] - x1 * sn[i], y1 = x0 * sn[i] + x1 * c[i];
+        p[0] = y0;
+        p[1] = y1;
+        d[l + 2 * i] = f2bf(y0);
+        d[l + 2 * i + 1] = f2bf(y1);
+    }
+}
+
 // f32 variant (DSA index keys).
 extern "C" __global__ void cache_write_f32(const float* kv, int ks, const i64* slots, float* cache,
                                            int w) {

@@ -592,23 +592,23 @@ impl CudaExecutor {
                 None
             }
         };
-        // kv [T, L+R]: RMSNorm(kv_c), RoPE(k_pe), then the cache write.
+        // kv [T, L+R]: RMSNorm(kv_c), RoPE(k_pe) and the cache write, one kernel.
         let kv = gpu.alloc::<f32>(t * lw)?;
         linear(gpu, t, hnb.ptr(), &w.kv_a, kv.ptr(), false)?;
-        gpu.rms_norm(
+        let layer_cache = cache.latent.at(li * cache.slots() * lw);
+        gpu.kv_finish(
             t,
             kv.ptr(),
             lw,
-            0,
             w.kv_a_norm.ptr(),
-            kv.ptr(),
-            lw,
-            0,
-            0,
             l,
+            r,
             eps,
+            inp.cos.ptr(),
+            inp.sin.ptr(),
+            inp.slots.ptr(),
+            layer_cache,
         )?;
-        gpu.rope(t, kv.ptr(), lw, 1, 0, l, r, inp.cos.ptr(), inp.sin.ptr())?;
         gpu.rope(
             t,
             q.ptr(),
@@ -642,8 +642,6 @@ impl CudaExecutor {
                 lw,
             )?;
         }
-        let layer_cache = cache.latent.at(li * cache.slots() * lw);
-        gpu.cache_write_bf16(t, kv.ptr(), lw, inp.slots.ptr(), layer_cache, lw)?;
 
         // Key lists: DSA top-k where the indexer selects, else dense causal.
         let selected = match (&layer.indexer, &cfg.indexer, &q_c, &cache.index) {

@@ -38,6 +38,7 @@ pub const NAMES: &[&str] = &[
     "gather_rows_bf16",
     "moe_combine",
     "cache_write_bf16",
+    "kv_finish",
     "cache_write_f32",
     "gather_latent",
     "attn_mha",

@@ -347,6 +347,33 @@ impl Gpu {
         )
     }
 
+    /// The latent rows of `t` tokens finished and cached in one kernel: kv [T, l+r] (row
+    /// stride ks) in place, kv_c RMSNorm'd times w, k_pe rotated (interleaved RoPE by cos/sin
+    /// [T, r/2]), then cache[slots[t], :] = bf16(row) — bit-identical to [`Gpu::rms_norm`],
+    /// [`Gpu::rope`] and [`Gpu::cache_write_bf16`] in turn.
+    #[allow(clippy::too_many_arguments)]
+    pub fn kv_finish(
+        &self,
+        t: usize,
+        kv: u64,
+        ks: usize,
+        w: u64,
+        l: usize,
+        r: usize,
+        eps: f32,
+        cos: u64,
+        sin: u64,
+        slots: u64,
+        cache: u64,
+    ) -> Result<()> {
+        let (ks, l, r) = (ks as i32, l as i32, r as i32);
+        self.launch(
+            "kv_finish",
+            Gpu::cfg(grid1(t), 256),
+            &args![kv, ks, w, l, r, eps, cos, sin, slots, cache],
+        )
+    }
+
     /// cache[slots[t], :] = kv[t, :w] in f32.
     pub fn cache_write_f32(
         &self,

@@ -774,6 +774,60 @@ fn attention(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         mism as f64,
         0.0,
     );
+    // The fused latent-row kernel against RMSNorm, RoPE and the cache write in turn (each
+    // checked against the CPU above): the same kv rows and cache bytes, bit for bit.
+    let r = w - l;
+    let (nw, cs, sn) = (
+        rng.vec(l, 1.0),
+        rng.vec(t * r / 2, 1.0),
+        rng.vec(t * r / 2, 1.0),
+    );
+    let (nwd, csd, snd) = (
+        gpu.upload(&nw).unwrap(),
+        gpu.upload(&cs).unwrap(),
+        gpu.upload(&sn).unwrap(),
+    );
+    let (kv_a, kv_b) = (gpu.upload(&kv).unwrap(), gpu.upload(&kv).unwrap());
+    let (ca, cb) = (
+        gpu.upload(&paged.cache).unwrap(),
+        gpu.upload(&paged.cache).unwrap(),
+    );
+    let ks = w + 8;
+    gpu.rms_norm(t, kv_a.ptr(), ks, 0, nwd.ptr(), kv_a.ptr(), ks, 0, 0, l, 1e-6)
+        .unwrap();
+    gpu.rope(t, kv_a.ptr(), ks, 1, 0, l, r, csd.ptr(), snd.ptr())
+        .unwrap();
+    gpu.cache_write_bf16(t, kv_a.ptr(), ks, sd.ptr(), ca.ptr(), w)
+        .unwrap();
+    gpu.kv_finish(
+        t,
+        kv_b.ptr(),
+        ks,
+        nwd.ptr(),
+        l,
+        r,
+        1e-6,
+        csd.ptr(),
+        snd.ptr(),
+        sd.ptr(),
+        cb.ptr(),
+    )
+    .unwrap();
+    let (ka, kb2) = (gpu.to_host(&kv_a).unwrap(), gpu.to_host(&kv_b).unwrap());
+    let (cah, cbh) = (gpu.to_host(&ca).unwrap(), gpu.to_host(&cb).unwrap());
+    let mism = ka
+        .iter()
+        .zip(&kb2)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count()
+        + cah.iter().zip(&cbh).filter(|(a, b)| a != b).count();
+    rep.check(
+        "kv_finish",
+        format!("T{t} L{l} R{r} vs rms_norm+rope+cache_write"),
+        "f32>bf16",
+        mism as f64,
+        0.0,
+    );
     let (hi, d, ctx, t): (usize, usize, usize, usize) = (8, 64, 90, 3);
     let positions = ctx + t;
     let nb = positions.div_ceil(bs) + 1;

@@ -147,9 +147,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let ms_pack = time_ms(&gpu, &run_pack, 5, 3)?;
         // The executor's choice on this GPU (the wgmma kernel on sm_90a).
         let chosen = FaVariant::choose(qk, v, gpu.arch, true).ok_or("no variant")?;
-        let variants = std::iter::once(f).chain(fa_all_variants().filter(|x| {
-            *x != f && x.dq == f.dq && x.dv == f.dv && gpu.fa_check(&d, x).is_ok()
-        }));
+        let variants = std::iter::once(f)
+            .chain(fa_all_variants().filter(|x| {
+                *x != f && x.dq == f.dq && x.dv == f.dv && gpu.fa_check(&d, x).is_ok()
+            }));
         for fv in variants {
             let tiles_h = fa_tiles(&ranges, &n_keys_h, fv.bm());
             let n_tiles = tiles_h.len() / 2;

@@ -609,7 +609,8 @@ impl Gpu {
             if self.pdl {
                 use cudarc::driver::sys as cu;
                 let mut attr: cu::CUlaunchAttribute = std::mem::zeroed();
-                attr.id = cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+                attr.id =
+                    cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
                 attr.value.programmaticStreamSerializationAllowed = 1;
                 let lc = cu::CUlaunchConfig {
                     gridDimX: cfg.grid_dim.0,

@@ -128,9 +128,7 @@ impl MlaVariant {
         let p = rows * P_ROW_BYTES;
         match self {
             // Q, 2 stages and P as 64-row swizzled atoms, slots, row maxima, 1 KB alignment.
-            MlaVariant::W64 => {
-                3 * W64_TILE_BYTES + 8192 + 2 * 64 * 8 + 2 * 64 * 4 + 1024
-            }
+            MlaVariant::W64 => 3 * W64_TILE_BYTES + 8192 + 2 * 64 * 8 + 2 * 64 * 4 + 1024,
             // stages, partial S [4][rows][72] f32, P, per-row f32, slots
             MlaVariant::M2K | MlaVariant::M2KB => tiles + 4 * rows * 72 * 4 + p + rows * 4 + slots,
             // stages, Q (unless in registers), P, row maxima [8 warps][rows] f32, slots
@@ -368,19 +366,35 @@ impl Gpu {
         let sms = self.sm_count;
         let hpb = self.mqa_tc_variant(heads).heads_per_block();
         let groups = t.max(1) * heads.div_ceil(hpb);
-        Ok(pick_splits(groups, heads.min(hpb), sms, max_keys, max_splits))
+        Ok(pick_splits(
+            groups,
+            heads.min(hpb),
+            sms,
+            max_keys,
+            max_splits,
+        ))
     }
 }
 
 /// See [`Gpu::mqa_tc_splits`]; `units` = tokens x head groups, `rows` = heads a block
 /// serves (queries staged per block).
-pub fn pick_splits(units: usize, rows: usize, sms: usize, max_keys: usize, max_splits: usize) -> usize {
+pub fn pick_splits(
+    units: usize,
+    rows: usize,
+    sms: usize,
+    max_keys: usize,
+    max_splits: usize,
+) -> usize {
     // At least 256 keys a split. A decode of a few tokens is latency-bound, so when the
     // blocks would fill under 1/8 of the SMs, 16-head blocks take splits of one 64-key tile
     // (bench/cuda/decode_profile.md: 17.8 -> 13.0 µs at b1, ctx 512); blocks of 32-64 heads
     // stay at 256, their f32 queries (74-147 KB a block) weighing like 64-128 cache rows
     // (session 6 lab, B16 H64 ctx 1,024: 4 splits 24.4 µs, 8 splits 26.8, 16 splits 47.7).
-    let min_keys = if units * 8 <= sms && rows <= 16 { 64 } else { 256 };
+    let min_keys = if units * 8 <= sms && rows <= 16 {
+        64
+    } else {
+        256
+    };
     let cap = max_splits.min(max_keys.div_ceil(min_keys)).max(1);
     let fill = |s: usize| {
         let blocks = units * s;

@@ -793,8 +793,20 @@ fn attention(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         gpu.upload(&paged.cache).unwrap(),
     );
     let ks = w + 8;
-    gpu.rms_norm(t, kv_a.ptr(), ks, 0, nwd.ptr(), kv_a.ptr(), ks, 0, 0, l, 1e-6)
-        .unwrap();
+    gpu.rms_norm(
+        t,
+        kv_a.ptr(),
+        ks,
+        0,
+        nwd.ptr(),
+        kv_a.ptr(),
+        ks,
+        0,
+        0,
+        l,
+        1e-6,
+    )
+    .unwrap();
     gpu.rope(t, kv_a.ptr(), ks, 1, 0, l, r, csd.ptr(), snd.ptr())
         .unwrap();
     gpu.cache_write_bf16(t, kv_a.ptr(), ks, sd.ptr(), ca.ptr(), w)

@@ -118,7 +118,8 @@ extern "C" __global__ void cache_write_bf16(const float* kv, int ks, const i64* 
 // The latent row of each token finished and cached, in one kernel (rms_norm, rope_interleaved
 // and cache_write_bf16 in turn, with their arithmetic, so bit-identical to them): kv [T, l+r]
 // f32 (row stride ks) in place — kv_c = kv[:, :l] RMSNorm'd times w, k_pe = kv[:, l:l+r]
-// rotated in interleaved pairs by cos/sin [T, r/2] — then cache[slots[t], :] = bf16(row).
+// rotated in interleaved pairs by cos/sin [T, r/2] (r even) — then cache[slots[t], :] =
+// bf16(row).
 // grid (T), block 256.
 extern "C" __global__ void kv_finish(float* kv, int ks, const float* w, int l, int r, float eps,
                                      const float* cos_t, const float* sin_t, const i64* slots,

@@ -249,7 +249,7 @@ __device__ __forceinline__ void mlw_q_store(unsigned q_s, const float* x, int i)
 // The block's 64 query rows as bf16 in the swizzled layout, a thread per 16-byte chunk
 // (coalesced). The stores are asm volatile, which a later chunk's loads cannot pass, so six
 // chunks' loads are issued before their stores: 3 memory round trips a thread instead of 18
-// (2-5% of the kernel at 4,096 keys, measured as lab variant W64QB in session 6).
+// (1-5% of the kernel at 4,096-8,192 keys, measured as lab variant W64QB in session 6).
 __device__ __forceinline__ void mlw_stage_q(unsigned q_s, const float* q_lat, const float* q, int t,
                                             int h0, int nh, int p_dim) {
     constexpr int QN = 64 * MLA_CHUNKS / MLA_THREADS, QB = 6;

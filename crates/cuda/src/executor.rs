@@ -143,11 +143,15 @@ impl CudaExecutor {
             .min()
             .unwrap_or(usize::MAX);
         let wgmma_prefill = std::env::var("MLASERVE_WGMMA_PREFILL").map_or(true, |v| v != "0");
-        let flash = FaVariant::choose(qk, cfg.v_head_dim, gpu.arch, wgmma_prefill).filter(|f| {
-            std::env::var("MLASERVE_FLASH_ATTN").map_or(true, |v| v != "0")
-                && gpu.has_flash_attn()
-                && f.smem_bytes() <= gpu.max_smem_per_block
-        });
+        // The wgmma kernel where it runs, else the mma.sync one of the same widths.
+        let fits = |f: &FaVariant| gpu.has_flash_attn() && f.smem_bytes() <= gpu.max_smem_per_block;
+        let flash = if std::env::var("MLASERVE_FLASH_ATTN").map_or(true, |v| v != "0") {
+            FaVariant::choose(qk, cfg.v_head_dim, gpu.arch, wgmma_prefill)
+                .filter(fits)
+                .or_else(|| FaVariant::for_dims(qk, cfg.v_head_dim).filter(fits))
+        } else {
+            None
+        };
         Ok(Self {
             model,
             gpu,

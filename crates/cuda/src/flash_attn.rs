@@ -1,7 +1,8 @@
-//! Tensor-core prefill attention (`kernels/flash_attn.cu`): the contract of [`Gpu::attn_mha`]
-//! for dense causal key lists (token t attends to positions 0..n_keys[t] of its sequence, found
-//! at rows kv_base[t] + p of the decompressed K/V), in the FlashAttention-2 scheme on mma.sync
-//! m16n8k16 bf16 tensor cores.
+//! Tensor-core prefill attention (`kernels/flash_attn.cu`, `kernels/flash_attn_wgmma.cu`): the
+//! contract of [`Gpu::attn_mha`] for dense causal key lists (token t attends to positions
+//! 0..n_keys[t] of its sequence, found at rows kv_base[t] + p of the decompressed K/V), in the
+//! FlashAttention-2 scheme on mma.sync m16n8k16 bf16 tensor cores, and on sm_90a at qk 192 /
+//! v 128 and 256 on warpgroup MMA ([`FA_WGMMA_VARIANTS`], [`FaVariant::choose`]).
 //!
 //! Invariants:
 //! - Work comes as query tiles ([`fa_tiles`]): up to [`FA_BM`] consecutive tokens of one
@@ -9,7 +10,8 @@
 //!   written.
 //! - q, k and v are packed into bf16 first (zero-padded per head to the variant's widths,
 //!   which changes no dot product); scores, softmax, sums and the output stay f32.
-//! - sm_80 or newer; qk ≤ 256 and v ≤ 256 ([`FaVariant::for_dims`]). Otherwise, and for DSA's
+//! - sm_80 or newer (the wgmma kernels: exactly sm_90a); qk ≤ 256 and v ≤ 256
+//!   ([`FaVariant::for_dims`]). Otherwise, and for DSA's
 //!   sparse key lists, the CUDA-core `attn_mha` runs.
 //!
 //! Measured variants, the peer (torch SDPA: cuDNN and FlashAttention-2) and the ceilings:
@@ -74,7 +76,8 @@ const fn fa_wg(kernel: &'static str, dq: usize, dv: usize, bn: usize) -> FaVaria
     }
 }
 
-/// The variants the executor uses, narrowest first; the fastest of the kernel lab per width
+/// The mma.sync variants the executor chooses from (on sm_90a the wgmma kernel of the same
+/// widths replaces the two widest), narrowest first; the fastest of the kernel lab per width
 /// (bench/cuda/flash_attn.md): 8 warps sharing 64-key tiles at 256, 4 warps below (at
 /// 192/128 the 8-warp and 32-row variants win only at 8k+ tokens and lose on short chunks).
 pub const FA_VARIANTS: [FaVariant; 4] = [
@@ -85,8 +88,8 @@ pub const FA_VARIANTS: [FaVariant; 4] = [
 ];
 
 /// The sm_90a wgmma kernels, which the executor takes on compute capability 9.0 in place of
-/// the mma.sync variant of the same widths: 1.2-1.6x it in the kernel lab (289-360 TFLOP/s
-/// at 4k-8k tokens, bench/cuda/flash_attn.md).
+/// the mma.sync variant of the same widths: 1.3-1.6x it in the kernel lab (294-372 TFLOP/s
+/// at 4k-8k tokens in session 6's run 2, bench/cuda/flash_attn.md).
 pub const FA_WGMMA_VARIANTS: [FaVariant; 2] = [
     fa_wg("fa_fwd_wg_d192v128", 192, 128, 128),
     fa_wg("fa_fwd_wg_d256", 256, 256, 64),

@@ -354,7 +354,7 @@ impl Gpu {
 
     /// A split count for [`Gpu::attn_mqa_tc`]: one block per SM runs at a time, so take the
     /// count whose last wave fills the SMs best (fewest splits within 3% of the best), with
-    /// at least 256 keys a split (64 on a tiny grid of 16-head blocks) and at most
+    /// at least 256 keys a split (64 on a tiny grid of blocks serving ≤ 16 heads) and at most
     /// `max_splits` ([`pick_splits`]).
     pub fn mqa_tc_splits(
         &self,
@@ -386,10 +386,11 @@ pub fn pick_splits(
     max_splits: usize,
 ) -> usize {
     // At least 256 keys a split. A decode of a few tokens is latency-bound, so when the
-    // blocks would fill under 1/8 of the SMs, 16-head blocks take splits of one 64-key tile
-    // (bench/cuda/decode_profile.md: 17.8 -> 13.0 µs at b1, ctx 512); blocks of 32-64 heads
-    // stay at 256, their f32 queries (74-147 KB a block) weighing like 64-128 cache rows
-    // (session 6 lab, B16 H64 ctx 1,024: 4 splits 24.4 µs, 8 splits 26.8, 16 splits 47.7).
+    // blocks would fill under 1/8 of the SMs, blocks serving ≤ 16 heads take splits of one
+    // 64-key tile (bench/cuda/decode_profile.md: 17.8 -> 13.0 µs at b1, ctx 512, measured on
+    // M1S3Q; W64 padding 16 heads to 64 rows stages only the 16 heads' queries); blocks of
+    // 32-64 heads stay at 256, their f32 queries (74-147 KB a block) weighing like 64-128
+    // cache rows (session 6 lab, B16 H64 ctx 1,024: 4 splits 24.4 µs, 8 26.8, 16 47.7).
     let min_keys = if units * 8 <= sms && rows <= 16 {
         64
     } else {

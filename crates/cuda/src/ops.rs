@@ -350,7 +350,7 @@ impl Gpu {
     /// The latent rows of `t` tokens finished and cached in one kernel: kv [T, l+r] (row
     /// stride ks) in place, kv_c RMSNorm'd times w, k_pe rotated (interleaved RoPE by cos/sin
     /// [T, r/2]), then cache[slots[t], :] = bf16(row) — bit-identical to [`Gpu::rms_norm`],
-    /// [`Gpu::rope`] and [`Gpu::cache_write_bf16`] in turn.
+    /// [`Gpu::rope`] and [`Gpu::cache_write_bf16`] in turn. `r` is even (RoPE pairs).
     #[allow(clippy::too_many_arguments)]
     pub fn kv_finish(
         &self,
@@ -366,6 +366,11 @@ impl Gpu {
         slots: u64,
         cache: u64,
     ) -> Result<()> {
+        if r % 2 != 0 {
+            return Err(CudaError::Invalid(format!(
+                "kv_finish: qk_rope_head_dim {r} is odd (RoPE rotates pairs)"
+            )));
+        }
         let (ks, l, r) = (ks as i32, l as i32, r as i32);
         self.launch(
             "kv_finish",

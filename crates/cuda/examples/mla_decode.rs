@@ -229,8 +229,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             for splits in sweep {
                 let run = || {
-                    gpu.attn_mqa_tc_variant(
+                    gpu.attn_mqa_tc_kernel(
                         v,
+                        v.kernel(),
                         &dims,
                         q_lat.ptr(),
                         q.ptr(),

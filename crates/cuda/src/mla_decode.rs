@@ -201,41 +201,6 @@ impl Gpu {
                 o_lat,
             );
         }
-        self.attn_mqa_tc_variant(
-            v,
-            d,
-            q_lat,
-            q,
-            cache,
-            keys,
-            block_tables,
-            bt_off,
-            block_size,
-            splits,
-            part,
-            lse,
-            o_lat,
-        )
-    }
-
-    /// One named variant (the kernel lab and the op table run each).
-    #[allow(clippy::too_many_arguments)]
-    pub fn attn_mqa_tc_variant(
-        &self,
-        v: MlaVariant,
-        d: &AttnDims,
-        q_lat: u64,
-        q: u64,
-        cache: u64,
-        keys: &KeyLists,
-        block_tables: u64,
-        bt_off: u64,
-        block_size: usize,
-        splits: usize,
-        part: u64,
-        lse: u64,
-        o_lat: u64,
-    ) -> Result<()> {
         self.attn_mqa_tc_kernel(
             v,
             v.kernel(),
@@ -254,9 +219,10 @@ impl Gpu {
         )
     }
 
-    /// Variant `v`'s launch with kernel `name` in its place: `v.kernel()`, or one of the
-    /// kernel lab's ablations of it (`mla_decode_w64_noload`, ...: a stage left out, so their
-    /// outputs are not attention), which share its grid, block and shared memory.
+    /// Variant `v`'s launch (the kernel lab and the op table run each) with kernel `name` in
+    /// its place: `v.kernel()`, or one of the kernel lab's ablations of it
+    /// (`mla_decode_w64_noload`, ...: a stage left out, so their outputs are not attention),
+    /// which share its grid, block and shared memory.
     #[allow(clippy::too_many_arguments)]
     pub fn attn_mqa_tc_kernel(
         &self,

@@ -994,8 +994,9 @@ fn attention_tc(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             let part = poisoned::<f32>(gpu, t * heads * splits * l);
             let lse = poisoned::<f32>(gpu, t * heads * splits);
             let o_lat = poisoned::<u16>(gpu, t * heads * l);
-            gpu.attn_mqa_tc_variant(
+            gpu.attn_mqa_tc_kernel(
                 v,
+                v.kernel(),
                 &dims,
                 qld.ptr(),
                 qd.ptr(),

@@ -13,6 +13,14 @@ typedef long long i64;
 // completed and its memory is visible (before any read or write, so no ordering is lost), then
 // let the next kernel be scheduled. Elsewhere (and without the attribute) it does nothing.
 // kernels.rs's tests check that every kernel starts with it.
+//
+// The one exception: a kernel may read weights (never written by any kernel, so no ordering
+// with the previous grid exists for them) before its MLA_PDL(), e.g. to prefetch them into L2
+// while the previous kernel finishes. It starts with the marker MLA_WEIGHTS_FIRST(); instead,
+// and the kernels.rs test then wants MLA_PDL(); in its body.
+#define MLA_WEIGHTS_FIRST() \
+    do {                    \
+    } while (0)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define MLA_PDL() asm volatile("griddepcontrol.wait;\ngriddepcontrol.launch_dependents;\n" ::: "memory")
 #else

@@ -69,6 +69,30 @@ extern "C" __global__ void rope_interleaved(float* x, int row_stride, int n_head
     }
 }
 
+// The query rows of the absorbed path finished in one kernel (rope_interleaved then
+// f32_to_bf16, with their arithmetic, so bit-identical to them): q [T, width] f32 rotated in
+// place (heads head_stride apart, pairs from offset, r wide, by cos/sin [T, r/2]), then
+// qb [T, width] = bf16(q).  grid (T), block 256.
+extern "C" __global__ void q_finish(float* q, int width, int n_heads, int head_stride,
+                                    int offset, int r, const float* cos_t, const float* sin_t,
+                                    bf16* qb) {
+    MLA_PDL();
+    int t = blockIdx.x, half = r / 2;
+    const float* c = cos_t + (i64)t * half;
+    const float* s = sin_t + (i64)t * half;
+    float* row = q + (i64)t * width;
+    for (int k = threadIdx.x; k < n_heads * half; k += blockDim.x) {
+        int h = k / half, i = k % half;
+        float* p = row + (i64)h * head_stride + offset + 2 * i;
+        float x0 = p[0], x1 = p[1];
+        p[0] = x0 * c[i] - x1 * s[i];
+        p[1] = x0 * s[i] + x1 * c[i];
+    }
+    __syncthreads();
+    bf16* out = qb + (i64)t * width;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) out[i] = f2bf(row[i]);
+}
+
 // out[t, i] = bf16(silu(gu[t, i]) * gu[t, f + i]) for gate|up rows [T, 2f].  grid-stride.
 extern "C" __global__ void silu_mul_bf16(const float* gu, bf16* out, int f, i64 rows) {
     MLA_PDL();

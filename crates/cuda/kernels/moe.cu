@@ -2,12 +2,20 @@
 // expert GEMVs over (token, slot) pairs, so a decode step needs no host round trip.
 
 // Routing of one token per block (blockDim 256, E <= 1024): logits [T, E] f32 ->
-// ids [T, K] (i32, best first) and weights [T, K] f32. gating 0 = softmax, 1 = sigmoid;
-// bias (may be null) only selects; groups as in the CPU path; ties to the lower index.
+// ids [T, K + ns] (i32, best first) and weights [T, K + ns] f32. gating 0 = softmax,
+// 1 = sigmoid; bias (may be null) only selects; groups as in the CPU path; ties to the lower
+// index. The last ns slots of each token are the shared-expert slices: ids E + j, weight 1.
 extern "C" __global__ void moe_route(const float* logits, const float* bias, int e, int k,
-                                     int gating, int n_group, int topk_group, int norm,
+                                     int ns, int gating, int n_group, int topk_group, int norm,
                                      float scale, int* ids, float* weights) {
     MLA_PDL();
+    const int ko = k + ns;
+    ids += (i64)blockIdx.x * ko;
+    weights += (i64)blockIdx.x * ko;
+    if (threadIdx.x < ns) {
+        ids[k + threadIdx.x] = e + threadIdx.x;
+        weights[k + threadIdx.x] = 1.f;
+    }
     __shared__ float sc[1024];
     __shared__ float ch[1024];
     __shared__ float red[32];
@@ -81,8 +89,8 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, int
                 if (wv[j] > v || (wv[j] == v && wi[j] < ii)) { v = wv[j]; ii = wi[j]; }
             if (ii >= e) ii = 0;  // only for e == 0, which a config never has
             best_i = ii;
-            ids[blockIdx.x * k + r] = ii;
-            weights[blockIdx.x * k + r] = sc[ii];
+            ids[r] = ii;
+            weights[r] = sc[ii];
             ch[ii] = -INFINITY;
         }
         __syncthreads();
@@ -90,8 +98,32 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, int
     }
     if (threadIdx.x == 0) {
         float inv = norm ? 1.f / (wsum + 1e-20f) : 1.f;
-        for (int r = 0; r < k; r++) weights[blockIdx.x * k + r] *= inv * scale;
+        for (int r = 0; r < k; r++) weights[r] *= inv * scale;
     }
+}
+
+// One warp's dot of a bf16 row w [n] with x [n] (n a multiple of 8, 16-byte aligned), lane
+// `lane` taking every 32nd group of 8; the warp sum is in every lane. The expert GEMVs below
+// all use it, so the fused kernels give exactly the unfused ones' sums.
+__device__ __forceinline__ float warp_row_dot(const bf16* w, const bf16* x, int n, int lane) {
+    float acc = 0.f;
+    for (int i = lane * 8; i < n; i += 32 * 8) {
+        uint4 a = *(const uint4*)(w + i);
+        uint4 b = *(const uint4*)(x + i);
+        const bf16* aa = (const bf16*)&a;
+        const bf16* bb = (const bf16*)&b;
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc += bf2f(aa[j]) * bf2f(bb[j]);
+    }
+    return warp_sum(acc);
+}
+
+// The expert of pair p as a pointer, or null where it is not held here (or has no pointer).
+__device__ __forceinline__ const bf16* pair_expert(const unsigned long long* w_ptrs, int first,
+                                                   int held, const int* ids, int p) {
+    int ex = ids[p] - first;
+    if (ex < 0 || ex >= held) return nullptr;
+    return (const bf16*)w_ptrs[ex];
 }
 
 // Expert GEMV over pairs: out[p, row] = W_{ids[p]}[row, :] . x[p / x_div, :], W bf16 [rows, n]
@@ -105,25 +137,183 @@ extern "C" __global__ void moe_gemv(const unsigned long long* w_ptrs, int first,
     int p = blockIdx.y, lane = threadIdx.x & 31;
     int row = blockIdx.x * 8 + (threadIdx.x >> 5);
     if (row >= rows) return;
-    int ex = ids[p] - first;
-    float* o = out + (i64)p * rows + row;
-    if (ex < 0 || ex >= held || w_ptrs[ex] == 0ull) {
-        if (lane == 0) *o = 0.f;
-        return;
-    }
-    const bf16* w = (const bf16*)w_ptrs[ex] + (i64)row * n;
-    const bf16* xv = x + (i64)(p / x_div) * n;
-    float acc = 0.f;
-    for (int i = lane * 8; i < n; i += 32 * 8) {
-        uint4 a = *(const uint4*)(w + i);
-        uint4 b = *(const uint4*)(xv + i);
-        const bf16* aa = (const bf16*)&a;
-        const bf16* bb = (const bf16*)&b;
+    const bf16* w = pair_expert(w_ptrs, first, held, ids, p);
+    float acc = w ? warp_row_dot(w + (i64)row * n, x + (i64)(p / x_div) * n, n, lane) : 0.f;
+    if (lane == 0) out[(i64)p * rows + row] = acc;
+}
+
+// Whether pair p is the first of the pairs [0, p] with its expert id (its "leader"): the
+// fused kernels below read each expert once for all the pairs that chose it (a decode step of
+// t tokens has at most t pairs an expert, one a token; shared slices are taken by every
+// token), instead of once a pair.
+__device__ __forceinline__ bool pair_leads(const int* ids, int p) {
+    int e = ids[p];
+    for (int q = 0; q < p; q++)
+        if (ids[q] == e) return false;
+    return true;
+}
+
+// The next up to 4 pairs from `from` (inclusive) with expert id e, into mem; their count.
+// (mem is only written at constant indices, so it stays in registers.)
+__device__ __forceinline__ int pair_members(const int* ids, int pairs, int e, int& from,
+                                            int (&mem)[4]) {
+    int nm = 0;
+    for (; from < pairs && nm < 4; from++) {
+        if (ids[from] != e) continue;
 #pragma unroll
-        for (int j = 0; j < 8; j++) acc += bf2f(aa[j]) * bf2f(bb[j]);
+        for (int m = 0; m < 4; m++)
+            if (m == nm) mem[m] = from;
+        nm++;
     }
-    acc = warp_sum(acc);
-    if (lane == 0) *o = acc;
+    return nm;
+}
+
+// Expert gate|up GEMV with the SwiGLU in its epilogue: act[p, i] = bf16(silu(g) * u) with
+// g = W[i, :] . x, u = W[f + i, :] . x, W = the gate|up [2f, n] of expert ids[p], x row
+// p / x_div — bit for bit moe_gemv (rows 2f) then silu_mul_bf16. Pairs not held get 0.
+// grid (ceil(f / 8), pairs), block 256: a warp per i; the block of a pair that leads its
+// expert computes every pair of that expert (4 at a time, both rows' loads in flight
+// together, each weight read once), the others exit.
+extern "C" __global__ void moe_gemv_swiglu(const unsigned long long* w_ptrs, int first,
+                                           int held, const int* ids, const bf16* x, int x_div,
+                                           int n, int f, int pairs, bf16* act) {
+    MLA_PDL();
+    int p = blockIdx.y, lane = threadIdx.x & 31;
+    int i = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (i >= f || !pair_leads(ids, p)) return;
+    const bf16* w = pair_expert(w_ptrs, first, held, ids, p);
+    const bf16* wg = w + (i64)i * n;
+    const bf16* wu = w + (i64)(f + i) * n;
+    int mem[4];
+    for (int from = p, nm; (nm = pair_members(ids, pairs, ids[p], from, mem)) > 0;) {
+        float g[4] = {0.f, 0.f, 0.f, 0.f}, u[4] = {0.f, 0.f, 0.f, 0.f};
+        const bf16* xr[4];
+#pragma unroll
+        for (int m = 0; m < 4; m++) xr[m] = x + (i64)((m < nm ? mem[m] : mem[0]) / x_div) * n;
+        if (w) {
+            for (int c = lane * 8; c < n; c += 32 * 8) {
+                uint4 a = *(const uint4*)(wg + c);
+                uint4 b = *(const uint4*)(wu + c);
+                const bf16* aa = (const bf16*)&a;
+                const bf16* bb = (const bf16*)&b;
+#pragma unroll
+                for (int m = 0; m < 4; m++) {
+                    if (m < nm) {
+                        uint4 xx = *(const uint4*)(xr[m] + c);
+                        const bf16* xe = (const bf16*)&xx;
+#pragma unroll
+                        for (int j = 0; j < 8; j++) {
+                            g[m] += bf2f(aa[j]) * bf2f(xe[j]);
+                            u[m] += bf2f(bb[j]) * bf2f(xe[j]);
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            if (m < nm) {
+                float gs = warp_sum(g[m]), us = warp_sum(u[m]);
+                if (lane == 0) act[(i64)mem[m] * f + i] = f2bf(gs / (1.f + __expf(-gs)) * us);
+            }
+        }
+    }
+}
+
+// R rows of one warp against up to 4 x rows (xs[m], m < nm), each sum exactly as
+// warp_row_dot sums one row (so bit-identical to it), all loads of a step in flight together:
+// out[r][m] = (w + r * n) . xs[m].
+template <int R>
+__device__ __forceinline__ void warp_rows_dot(const bf16* w, const bf16* const* xs, int nm,
+                                              int n, int lane, float (*out)[4]) {
+    float acc[R][4];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int m = 0; m < 4; m++) acc[r][m] = 0.f;
+    for (int i = lane * 8; i < n; i += 32 * 8) {
+        uint4 a[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) a[r] = *(const uint4*)(w + (i64)r * n + i);
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            if (m < nm) {
+                uint4 b = *(const uint4*)(xs[m] + i);
+                const bf16* bb = (const bf16*)&b;
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const bf16* aa = (const bf16*)&a[r];
+#pragma unroll
+                    for (int j = 0; j < 8; j++) acc[r][m] += bf2f(aa[j]) * bf2f(bb[j]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int m = 0; m < 4; m++)
+            if (m < nm) out[r][m] = warp_sum(acc[r][m]);
+}
+
+// Expert down GEMV with the combine in its epilogue: x[t, row] += sum_j w[t*k + j] *
+// (W_{ids[t*k + j]}[row, :] . act[t*k + j, :]) for every token t < T, W bf16 [rows, n] —
+// bit for bit moe_gemv (x_div 1) then moe_combine_pairs, without the [pairs, rows]
+// intermediate. Pairs not held add nothing. grid (ceil(rows / 4)), block 256: the block's 4
+// rows (the last block's sit lower, inside W) for all pairs — warp w takes the pairs w,
+// w + 8, ... that lead their expert and computes every pair of that expert (each weight read
+// once) into shared memory; then a thread per (token, row) adds its slots in order.
+// T * k <= 256 and T <= 64. (A row a block, a warp a pair, was 1.3x slower at 1 token and
+// 1.9x at 4: session 7, run 5.)
+extern "C" __global__ void __launch_bounds__(256, 3)
+    moe_gemv_combine(const unsigned long long* w_ptrs, int first, int held, const int* ids,
+                     const bf16* act, const float* wts, int t_count, int k, int n, int rows,
+                     float* x) {
+    MLA_PDL();
+    __shared__ float y[256][4];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, pairs = t_count * k;
+    const int r0 = rows >= 4 ? min((int)blockIdx.x * 4, rows - 4) : 0;
+    const int nr = min(4, rows);
+    for (int j = warp; j < pairs; j += 8) {
+        if (!pair_leads(ids, j)) continue;
+        const bf16* w = pair_expert(w_ptrs, first, held, ids, j);
+        int mem[4];
+        for (int from = j, nm; (nm = pair_members(ids, pairs, ids[j], from, mem)) > 0;) {
+            float d[4][4];
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+#pragma unroll
+                for (int m = 0; m < 4; m++) d[r][m] = 0.f;
+            const bf16* xs[4];
+#pragma unroll
+            for (int m = 0; m < 4; m++) xs[m] = act + (i64)(m < nm ? mem[m] : mem[0]) * n;
+            if (w && nr == 4) {
+                warp_rows_dot<4>(w + (i64)r0 * n, xs, nm, n, lane, d);
+            } else if (w) {
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+#pragma unroll
+                    for (int m = 0; m < 4; m++)
+                        if (r < nr && m < nm)
+                            d[r][m] = warp_row_dot(w + (i64)(r0 + r) * n, xs[m], n, lane);
+            }
+            if (lane == 0) {
+#pragma unroll
+                for (int m = 0; m < 4; m++)
+#pragma unroll
+                    for (int r = 0; r < 4; r++)
+                        if (m < nm) y[mem[m]][r] = d[r][m];
+            }
+        }
+    }
+    __syncthreads();
+    const int tt = threadIdx.x >> 2, rr = threadIdx.x & 3;
+    const int row = blockIdx.x * 4 + rr;
+    if (tt < t_count && row < rows) {
+        float acc = 0.f;
+        for (int j = 0; j < k; j++) acc += wts[tt * k + j] * y[tt * k + j][row - r0];
+        x[(i64)tt * rows + row] += acc;
+    }
 }
 
 // x[t, :] += sum_j w[t, j] * y[t*k + j, :] (pairs in token order).

@@ -21,6 +21,7 @@
 
 use crate::error::{CudaError, Result};
 use crate::flash_attn::FaVariant;
+use crate::gemv::{gemv_fits, GemvMat, GemvX};
 use crate::gpu::{DBuf, Gpu};
 use crate::graphs::{DecodeGraph, GraphKey, Graphs};
 use crate::nccl::NcclComm;
@@ -74,16 +75,60 @@ pub struct CudaExecutor {
     moe_gpu_max: usize,
 }
 
-/// out[m, rows] (+)= x[m, cols] . W^T, x bf16, out f32: cuBLAS for bf16 weights, the
-/// quantized kernels (qgemv.rs) for weights kept in GGUF blocks.
+/// Whether a product of M rows with bf16 weights `w` takes the in-house GEMV (gemv.rs) rather
+/// than cuBLAS: M <= [`DENSE_GEMV_MAX_M`] and x fits its shared memory, except matrices of
+/// 65,536 rows or more (the lm_head, which cuBLAS streams at 94-100% of the copy ceiling).
+/// `MLASERVE_DENSE_GEMV=0`: always cuBLAS, for comparisons.
+fn dense_gemv(m: usize, w: &GMat) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("MLASERVE_DENSE_GEMV").map_or(true, |v| v != "0"));
+    on && m <= DENSE_GEMV_MAX_M && gemv_fits(m, w.cols) && w.rows < 65_536
+}
+
+/// Most rows on the decode GEMV: V2-Lite bf16 decode (session 7, bench/cuda/v2lite.md) was
+/// 6% faster with it at 1 token, even at 2, and 4% slower at 4 than with cuBLAS.
+const DENSE_GEMV_MAX_M: usize = 2;
+
+/// Whether a step of `t` tokens computes the attention norm inside its first GEMV: q_a (or
+/// q_proj) and kv_a both bf16 and on the GEMV ([`dense_gemv`]).
+fn fused_attn_norm(w: &crate::weights::GMla, t: usize) -> bool {
+    let q_in = w.q_a.as_ref().unwrap_or(&w.q_b);
+    match (q_in, &w.kv_a) {
+        (GLinear::Bf16(a), GLinear::Bf16(b)) => {
+            a.cols == b.cols && dense_gemv(t, a) && dense_gemv(t, b)
+        }
+        _ => false,
+    }
+}
+
+/// out[m, rows] (+)= x[m, cols] . W^T, x bf16, out f32: for bf16 weights the in-house GEMV
+/// at M <= 4 ([`dense_gemv`]), else cuBLAS; the quantized kernels (qgemv.rs) for weights kept
+/// in GGUF blocks.
 fn linear(gpu: &Gpu, m: usize, x: u64, w: &GLinear, out: u64, acc: bool) -> Result<()> {
     match w {
+        GLinear::Bf16(w) if dense_gemv(m, w) => {
+            let mat = GemvMat {
+                w: w.w.ptr(),
+                rows: w.rows,
+                out,
+                ld: w.rows,
+            };
+            gpu.gemv_bf16(m, w.cols, GemvX::Bf16(x), &[mat], acc)
+        }
         GLinear::Bf16(w) => {
             let g = Gemm::plain(GemmType::Bf16, m, w.rows, w.cols, x, w.w.ptr(), out);
             gpu.gemm(&if acc { g.accumulate() } else { g })
         }
         GLinear::Quant(q) => gpu.qgemm(q, m, x, out, acc),
     }
+}
+
+/// Where the absorbed path's W_UV product goes: f32 rows (out = beta·out + product), or the
+/// bf16 rows o_proj reads (decode-only steps: no f32 copy and no cast kernel).
+#[derive(Clone, Copy)]
+enum AttnOut {
+    F32 { ptr: u64, beta: f32 },
+    Bf16(u64),
 }
 
 /// [`linear`] over a matrix that is always bf16 (the absorbed W_UK / W_UV).
@@ -467,32 +512,43 @@ impl CudaExecutor {
         let hn = gpu.alloc::<f32>(t * h)?;
         let hnb = gpu.alloc::<u16>(t * h)?;
         for (li, layer) in self.w.layers.iter().enumerate() {
-            gpu.rms_norm(
-                t,
-                x.ptr(),
-                h,
-                0,
-                layer.attn_norm.ptr(),
-                hn.ptr(),
-                h,
-                hnb.ptr(),
-                h,
-                h,
-                cfg.rms_norm_eps,
-            )?;
-            self.probe_dev(
-                Some(li),
-                "attn_norm",
-                PathTag::None,
-                &[t, h],
-                hn.ptr(),
-                t,
-                h,
-                h,
-            )?;
+            // Small decode steps with bf16 projections: the attention's first GEMV normalizes
+            // x itself (and still leaves hnb for the indexer); else the norm kernel.
+            let fused_norm = fused_attn_norm(&layer.mla, t) && !probe::active();
+            if !fused_norm {
+                gpu.rms_norm(
+                    t,
+                    x.ptr(),
+                    h,
+                    0,
+                    layer.attn_norm.ptr(),
+                    hn.ptr(),
+                    h,
+                    hnb.ptr(),
+                    h,
+                    h,
+                    cfg.rms_norm_eps,
+                )?;
+                self.probe_dev(
+                    Some(li),
+                    "attn_norm",
+                    PathTag::None,
+                    &[t, h],
+                    hn.ptr(),
+                    t,
+                    h,
+                    h,
+                )?;
+            }
             let part = self.partial(&x)?;
             let target = part.as_ref().map_or(x.ptr(), |p| p.ptr());
-            self.attention(li, layer, batch, inp, cache, &hnb, target)?;
+            let norm_in = fused_norm.then(|| GemvX::Norm {
+                x: x.ptr(),
+                gamma: layer.attn_norm.ptr(),
+                eps: cfg.rms_norm_eps,
+                hnb: hnb.ptr(),
+            });
+            self.attention(li, layer, batch, inp, cache, &hnb, norm_in, target)?;
             self.finish_partial(&x, part)?;
             gpu.rms_norm(
                 t,
@@ -565,6 +621,7 @@ impl CudaExecutor {
         inp: &StepInputs,
         cache: &GpuCache,
         hnb: &DBuf<u16>,
+        norm_in: Option<GemvX>,
         out: u64,
     ) -> Result<()> {
         let gpu = &self.gpu;
@@ -579,26 +636,56 @@ impl CudaExecutor {
             cfg.kv_lora_rank,
         );
         let (qk, lw, eps) = (p + r, l + r, cfg.rms_norm_eps);
-        // q [T, N*qk] f32; q_c [T, Lq] bf16 (the indexer reads it too).
+        // q [T, N*qk] f32; q_c [T, Lq] bf16 (the indexer reads it too); kv [T, L+R] f32.
+        // hnb multiplies q_a (q_lora) or q_proj, and kv_a: one GEMV launch for both where
+        // norm_in is given (it normalizes x first), else two products of hnb.
         let q = gpu.alloc::<f32>(t * n * qk)?;
-        let q_c = match (&w.q_a, &w.q_a_norm) {
-            (Some(q_a), Some(norm)) => {
-                let lq = q_a.rows();
-                let qa = gpu.alloc::<f32>(t * lq)?;
-                linear(gpu, t, hnb.ptr(), q_a, qa.ptr(), false)?;
+        let kv = gpu.alloc::<f32>(t * lw)?;
+        let q_lora = w.q_a.as_ref().zip(w.q_a_norm.as_ref());
+        let (q_in, lq) = match q_lora {
+            Some((q_a, _)) => (q_a, q_a.rows()),
+            None => (&w.q_b, 0),
+        };
+        let qa = gpu.alloc::<f32>(t * lq)?;
+        let q_in_out = if q_lora.is_some() { qa.ptr() } else { q.ptr() };
+        match (norm_in, q_in, &w.kv_a) {
+            (Some(x), GLinear::Bf16(a), GLinear::Bf16(b)) => {
+                let mats = [
+                    GemvMat {
+                        w: a.w.ptr(),
+                        rows: a.rows,
+                        out: q_in_out,
+                        ld: a.rows,
+                    },
+                    GemvMat {
+                        w: b.w.ptr(),
+                        rows: b.rows,
+                        out: kv.ptr(),
+                        ld: lw,
+                    },
+                ];
+                gpu.gemv_bf16(t, a.cols, x, &mats, false)?;
+            }
+            (Some(_), _, _) => {
+                return Err(CudaError::Invalid(
+                    "fused attention norm over projections that are not bf16".into(),
+                ))
+            }
+            (None, _, _) => {
+                linear(gpu, t, hnb.ptr(), q_in, q_in_out, false)?;
+                linear(gpu, t, hnb.ptr(), &w.kv_a, kv.ptr(), false)?;
+            }
+        }
+        let q_c = match q_lora {
+            Some((_, norm)) => {
                 let qcb = gpu.alloc::<u16>(t * lq)?;
                 gpu.rms_norm(t, qa.ptr(), lq, 0, norm.ptr(), 0, 0, qcb.ptr(), lq, lq, eps)?;
                 linear(gpu, t, qcb.ptr(), &w.q_b, q.ptr(), false)?;
                 Some((qcb, lq))
             }
-            _ => {
-                linear(gpu, t, hnb.ptr(), &w.q_b, q.ptr(), false)?;
-                None
-            }
+            None => None,
         };
-        // kv [T, L+R]: RMSNorm(kv_c), RoPE(k_pe) and the cache write, one kernel.
-        let kv = gpu.alloc::<f32>(t * lw)?;
-        linear(gpu, t, hnb.ptr(), &w.kv_a, kv.ptr(), false)?;
+        // kv: RMSNorm(kv_c), RoPE(k_pe) and the cache write, one kernel.
         let layer_cache = cache.latent.at(li * cache.slots() * lw);
         gpu.kv_finish(
             t,
@@ -613,17 +700,26 @@ impl CudaExecutor {
             inp.slots.ptr(),
             layer_cache,
         )?;
-        gpu.rope(
-            t,
-            q.ptr(),
-            n * qk,
-            n,
-            qk,
-            p,
-            r,
-            inp.cos.ptr(),
-            inp.sin.ptr(),
-        )?;
+        // q_pe rotated in place; for decode steps also the bf16 copy W_UK reads, same kernel.
+        let qb = if batch.is_decode.iter().all(|&d| d) {
+            let qb = gpu.alloc::<u16>(t * n * qk)?;
+            let (cos, sin) = (inp.cos.ptr(), inp.sin.ptr());
+            gpu.q_finish(t, q.ptr(), n * qk, n, qk, p, r, cos, sin, qb.ptr())?;
+            Some(qb)
+        } else {
+            gpu.rope(
+                t,
+                q.ptr(),
+                n * qk,
+                n,
+                qk,
+                p,
+                r,
+                inp.cos.ptr(),
+                inp.sin.ptr(),
+            )?;
+            None
+        };
         if probe::active() {
             self.probe_dev(
                 Some(li),
@@ -671,6 +767,27 @@ impl CudaExecutor {
             l,
             scale: cfg.softmax_scale(),
         };
+        // o_proj's input [T, N*V] bf16. A step of decode tokens only (no probe asking for the
+        // f32 rows) has the absorbed path's W_UV GEMM write it directly.
+        let ob = gpu.alloc::<u16>(t * n * v)?;
+        let dec: Vec<usize> = (0..t).filter(|&i| lists.n_mqa_h[i] > 0).collect();
+        if lists.max_mqa > 0
+            && dec.len() == t
+            && !lists.any_mha
+            && lists.n_flash_tiles == 0
+            && !probe::active()
+        {
+            let keys = KeyLists {
+                n_keys: lists.n_mqa.ptr(),
+                sel_off: lists.sel_off.ptr(),
+                sel_pos: lists.sel_pos.ptr(),
+            };
+            let qb = qb.as_ref().map(|b| b.ptr());
+            let to = AttnOut::Bf16(ob.ptr());
+            let (dims, max_keys) = (&dims, lists.max_mqa);
+            self.absorbed(li, w, dims, max_keys, q.ptr(), qb, &keys, inp, cache, to)?;
+            return linear(gpu, t, ob.ptr(), &w.o_proj, out, true);
+        }
         // attn_out [T, N*V]: the MHA kernel writes every row (zeros for absorbed tokens),
         // the absorbed path then accumulates its rows.
         let attn_out = gpu.alloc::<f32>(t * n * v)?;
@@ -738,25 +855,19 @@ impl CudaExecutor {
             )?;
         }
         if lists.max_mqa > 0 {
-            let dec: Vec<usize> = (0..t).filter(|&i| lists.n_mqa_h[i] > 0).collect();
             if dec.len() == t {
                 let keys = KeyLists {
                     n_keys: lists.n_mqa.ptr(),
                     sel_off: lists.sel_off.ptr(),
                     sel_pos: lists.sel_pos.ptr(),
                 };
-                self.absorbed(
-                    li,
-                    w,
-                    &dims,
-                    lists.max_mqa,
-                    q.ptr(),
-                    &keys,
-                    inp,
-                    cache,
-                    attn_out.ptr(),
-                    0.0,
-                )?;
+                let qb = qb.as_ref().map(|b| b.ptr());
+                let out = AttnOut::F32 {
+                    ptr: attn_out.ptr(),
+                    beta: 0.0,
+                };
+                let (dims, max_keys) = (&dims, lists.max_mqa);
+                self.absorbed(li, w, dims, max_keys, q.ptr(), qb, &keys, inp, cache, out)?;
             } else {
                 // Mixed batch: the absorbed path runs on its tokens only, compacted.
                 let d = dec.len();
@@ -781,13 +892,16 @@ impl CudaExecutor {
                     &dims_c,
                     lists.max_mqa,
                     qc.ptr(),
+                    None,
                     &keys,
                     inp.block_tables.ptr(),
                     bt_off.ptr(),
                     bs,
                     cache,
-                    oc.ptr(),
-                    0.0,
+                    AttnOut::F32 {
+                        ptr: oc.ptr(),
+                        beta: 0.0,
+                    },
                 )?;
                 gpu.add_rows_indexed(attn_out.ptr(), oc.ptr(), idx_d.ptr(), d, n * v)?;
             }
@@ -811,7 +925,6 @@ impl CudaExecutor {
                 n * v,
             )?;
         }
-        let ob = gpu.alloc::<u16>(t * n * v)?;
         gpu.to_bf16(attn_out.ptr(), ob.ptr(), t * n * v)?;
         linear(gpu, t, ob.ptr(), &w.o_proj, out, true)
     }
@@ -825,11 +938,11 @@ impl CudaExecutor {
         dims: &AttnDims,
         max_keys: usize,
         q: u64,
+        qb: Option<u64>,
         keys: &KeyLists,
         inp: &StepInputs,
         cache: &GpuCache,
-        out: u64,
-        beta: f32,
+        out: AttnOut,
     ) -> Result<()> {
         self.absorbed_with(
             li,
@@ -837,19 +950,20 @@ impl CudaExecutor {
             dims,
             max_keys,
             q,
+            qb,
             keys,
             inp.block_tables.ptr(),
             inp.bt_off.ptr(),
             cache.block_size,
             cache,
             out,
-            beta,
         )
     }
 
-    /// Absorbed attention for `dims.t` tokens: q [T, N*(P+R)] f32 -> q_lat = W_UK·q_nope
-    /// (strided-batched over heads), the split-context decode kernel over the paged cache
-    /// with its LSE combine, out [T, N*V] = beta·out + W_UV·o_lat.
+    /// Absorbed attention for `dims.t` tokens: q [T, N*(P+R)] f32 (and its bf16 copy `qb`
+    /// where the caller has one) -> q_lat = W_UK·q_nope (strided-batched over heads), the
+    /// split-context decode kernel over the paged cache with its LSE combine, then W_UV·o_lat
+    /// into `out` [T, N*V].
     #[allow(clippy::too_many_arguments)]
     fn absorbed_with(
         &self,
@@ -858,27 +972,34 @@ impl CudaExecutor {
         dims: &AttnDims,
         max_keys: usize,
         q: u64,
+        qb: Option<u64>,
         keys: &KeyLists,
         block_tables: u64,
         bt_off: u64,
         bs: usize,
         cache: &GpuCache,
-        out: u64,
-        beta: f32,
+        out: AttnOut,
     ) -> Result<()> {
         let gpu = &self.gpu;
         let (t, n, p, r, v, l) = (dims.t, dims.heads, dims.p, dims.r, dims.v, dims.l);
         let qk = p + r;
         let layer_cache = cache.latent.at(li * cache.slots() * (l + r));
-        let qb = gpu.alloc::<u16>(t * n * qk)?;
-        gpu.to_bf16(q, qb.ptr(), t * n * qk)?;
+        let owned;
+        let qb = match qb {
+            Some(p) => p,
+            None => {
+                owned = gpu.alloc::<u16>(t * n * qk)?;
+                gpu.to_bf16(q, owned.ptr(), t * n * qk)?;
+                owned.ptr()
+            }
+        };
         let q_lat = gpu.alloc::<f32>(t * n * l)?;
         gpu.gemm(&Gemm {
             m: t,
             n: l,
             k: p,
             ty: GemmType::Bf16,
-            x: qb.ptr(),
+            x: qb,
             ldx: n * qk,
             stride_x: qk,
             w: w.w_uk_t.w.ptr(),
@@ -911,11 +1032,15 @@ impl CudaExecutor {
             lse.ptr(),
             o_lat.ptr(),
         )?;
+        let (ty, out, beta) = match out {
+            AttnOut::F32 { ptr, beta } => (GemmType::Bf16, ptr, beta),
+            AttnOut::Bf16(ptr) => (GemmType::Bf16Out, ptr, 0.0),
+        };
         gpu.gemm(&Gemm {
             m: t,
             n: v,
             k: l,
-            ty: GemmType::Bf16,
+            ty,
             x: o_lat.ptr(),
             ldx: n * l,
             stride_x: l,

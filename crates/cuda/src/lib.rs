@@ -12,6 +12,7 @@
 pub mod error;
 pub mod executor;
 pub mod flash_attn;
+pub mod gemv;
 pub mod gpu;
 mod graphs;
 pub mod kernels;

@@ -24,22 +24,35 @@ fn stride_grid(n: usize) -> (u32, u32, u32) {
 /// Element type of a GEMM operand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemmType {
+    /// bf16 operands, f32 output.
     Bf16,
+    /// f32 operands, f32 output.
     F32,
+    /// bf16 operands, bf16 output (f32 accumulation, rounded once; `beta` must be 0).
+    Bf16Out,
 }
 
 impl GemmType {
+    /// The operands' type.
     fn cuda(self) -> sys::cudaDataType {
         match self {
-            GemmType::Bf16 => sys::cudaDataType::CUDA_R_16BF,
+            GemmType::Bf16 | GemmType::Bf16Out => sys::cudaDataType::CUDA_R_16BF,
             GemmType::F32 => sys::cudaDataType::CUDA_R_32F,
+        }
+    }
+
+    /// The output's type.
+    fn cuda_out(self) -> sys::cudaDataType {
+        match self {
+            GemmType::Bf16Out => sys::cudaDataType::CUDA_R_16BF,
+            GemmType::Bf16 | GemmType::F32 => sys::cudaDataType::CUDA_R_32F,
         }
     }
 }
 
 /// One (possibly strided-batched) GEMM: for b in 0..batch,
 /// `out_b[M, N] (ld ldo) = alpha · x_b[M, K] (ld ldx) · w_b[N, K]^T (ld ldw) + beta · out_b`,
-/// operand b at `ptr + b * stride` elements. Output is always f32.
+/// operand b at `ptr + b * stride` elements. Output f32 (bf16 for [`GemmType::Bf16Out`]).
 #[derive(Clone, Copy, Debug)]
 pub struct Gemm {
     pub m: usize,
@@ -95,6 +108,12 @@ impl Gpu {
         if g.k == 0 {
             return Err(CudaError::Invalid("GEMM with k = 0".into()));
         }
+        if g.ty == GemmType::Bf16Out && g.beta != 0.0 {
+            return Err(CudaError::Invalid(
+                "a GEMM with bf16 output cannot accumulate (beta != 0)".into(),
+            ));
+        }
+        let out_ty = g.ty.cuda_out();
         let alpha = 1f32;
         let ty = g.ty.cuda();
         self.ctx
@@ -123,7 +142,7 @@ impl Gpu {
                     g.ldx as i32,
                     &g.beta as *const f32 as *const c_void,
                     g.out as *mut c_void,
-                    sys::cudaDataType::CUDA_R_32F,
+                    out_ty,
                     g.ldo as i32,
                     sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                     sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
@@ -148,7 +167,7 @@ impl Gpu {
                     g.stride_x as i64,
                     &g.beta as *const f32 as *const c_void,
                     g.out as *mut c_void,
-                    sys::cudaDataType::CUDA_R_32F,
+                    out_ty,
                     g.ldo as i32,
                     g.stride_o as i64,
                     g.batch as i32,
@@ -286,6 +305,44 @@ impl Gpu {
             "rope_interleaved",
             Gpu::cfg(grid1(rows), 128),
             &args![x, rs, nh, hs, off, r, cos, sin],
+        )
+    }
+
+    /// The queries of `rows` tokens finished for the absorbed path in one kernel: q [rows,
+    /// width] f32 (row stride `width`) RoPE'd in place like [`Gpu::rope`] (heads `n_heads`
+    /// apart by `head_stride`, pairs from `offset`, `r` wide), then qb = bf16(q) [rows, width]
+    /// — bit-identical to [`Gpu::rope`] then [`Gpu::to_bf16`]. `r` is even.
+    #[allow(clippy::too_many_arguments)]
+    pub fn q_finish(
+        &self,
+        rows: usize,
+        q: u64,
+        width: usize,
+        n_heads: usize,
+        head_stride: usize,
+        offset: usize,
+        r: usize,
+        cos: u64,
+        sin: u64,
+        qb: u64,
+    ) -> Result<()> {
+        if r % 2 != 0 || n_heads * head_stride > width || offset + r > head_stride {
+            return Err(CudaError::Invalid(format!(
+                "q_finish: rope width {r} at {offset} of {n_heads} heads {head_stride} apart \
+                 in rows of {width}"
+            )));
+        }
+        let (w, nh, hs, off, r) = (
+            width as i32,
+            n_heads as i32,
+            head_stride as i32,
+            offset as i32,
+            r as i32,
+        );
+        self.launch(
+            "q_finish",
+            Gpu::cfg(grid1(rows), 256),
+            &args![q, w, nh, hs, off, r, cos, sin, qb],
         )
     }
 
@@ -595,11 +652,14 @@ pub struct RouteCfg {
     pub topk_group: usize,
     pub norm: bool,
     pub scale: f32,
+    /// Shared-expert slices appended to every token's slots (ids E + j, weight 1).
+    pub shared: usize,
 }
 
 impl Gpu {
-    /// Routing of `t` tokens: logits [T, E] f32 (+ optional bias [E]) -> ids [T, K] i32 and
-    /// weights [T, K] f32, best first, exactly the CPU `route` rules.
+    /// Routing of `t` tokens: logits [T, E] f32 (+ optional bias [E]) -> ids [T, K + S] i32
+    /// and weights [T, K + S] f32: the top-k best first, exactly the CPU `route` rules, then
+    /// the `c.shared` shared-expert slices (ids E + j, weight 1).
     pub fn moe_route(
         &self,
         t: usize,
@@ -609,10 +669,11 @@ impl Gpu {
         ids: u64,
         weights: u64,
     ) -> Result<()> {
-        if c.experts > 1024 || c.n_group > 64 {
+        if c.experts > 1024 || c.n_group > 64 || c.shared > 256 {
             return Err(CudaError::Invalid(format!(
-                "GPU routing takes <= 1024 experts and <= 64 groups, got {} / {}",
-                c.experts, c.n_group
+                "GPU routing takes <= 1024 experts, <= 64 groups and <= 256 shared slices, \
+                 got {} / {} / {}",
+                c.experts, c.n_group, c.shared
             )));
         }
         let (e, k, g, ng, tg, norm) = (
@@ -623,11 +684,11 @@ impl Gpu {
             c.topk_group as i32,
             c.norm as i32,
         );
-        let scale = c.scale;
+        let (scale, ns) = (c.scale, c.shared as i32);
         self.launch(
             "moe_route",
             Gpu::cfg(grid1(t), 256),
-            &args![logits, bias, e, k, g, ng, tg, norm, scale, ids, weights],
+            &args![logits, bias, e, k, ns, g, ng, tg, norm, scale, ids, weights],
         )
     }
 
@@ -663,6 +724,71 @@ impl Gpu {
             "moe_gemv",
             Gpu::cfg((rows.div_ceil(8) as u32, pairs as u32, 1), 256),
             &args![w_ptrs, f, hd, ids, x, xd, n32, r32, out],
+        )
+    }
+
+    /// act[p, i] = bf16(silu(g) * u), g|u = W_{ids[p]} [2f, n] . x[p / x_div, :], for `pairs`
+    /// pairs: [`Gpu::moe_gemv`] over 2f rows then [`Gpu::silu_mul`], bit for bit, in one kernel
+    /// that reads each expert once for all of its pairs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_gemv_swiglu(
+        &self,
+        pairs: usize,
+        w_ptrs: u64,
+        first: usize,
+        held: usize,
+        ids: u64,
+        x: u64,
+        x_div: usize,
+        n: usize,
+        f: usize,
+        act: u64,
+    ) -> Result<()> {
+        if n % 8 != 0 || x_div == 0 {
+            return Err(CudaError::Invalid(format!(
+                "moe_gemv_swiglu needs n % 8 == 0 and x_div > 0, got {n}, {x_div}"
+            )));
+        }
+        let (fi, hd, xd, n32, f32_) = (first as i32, held as i32, x_div as i32, n as i32, f as i32);
+        let p32 = pairs as i32;
+        self.launch(
+            "moe_gemv_swiglu",
+            Gpu::cfg((f.div_ceil(8) as u32, pairs as u32, 1), 256),
+            &args![w_ptrs, fi, hd, ids, x, xd, n32, f32_, p32, act],
+        )
+    }
+
+    /// x[t, r] += sum_j w[t, j] * (W_{ids[t, j]}[r, :] . act[t*k + j, :]) for `t` tokens of
+    /// `k` slots (t <= 64, t * k <= 256), W bf16 [rows, n]: [`Gpu::moe_gemv`] then
+    /// [`Gpu::moe_combine_pairs`], bit for bit, in one kernel that reads each expert once for
+    /// all of its pairs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_gemv_combine(
+        &self,
+        t: usize,
+        k: usize,
+        w_ptrs: u64,
+        first: usize,
+        held: usize,
+        ids: u64,
+        act: u64,
+        w: u64,
+        n: usize,
+        rows: usize,
+        x: u64,
+    ) -> Result<()> {
+        if n % 8 != 0 || t > 64 || t * k > 256 {
+            return Err(CudaError::Invalid(format!(
+                "moe_gemv_combine needs n % 8 == 0, <= 64 tokens and <= 256 pairs, got n {n}, \
+                 {t} tokens of {k} slots"
+            )));
+        }
+        let (fi, hd, k32, n32, r32) = (first as i32, held as i32, k as i32, n as i32, rows as i32);
+        let t32 = t as i32;
+        self.launch(
+            "moe_gemv_combine",
+            Gpu::cfg((rows.div_ceil(4) as u32, 1, 1), 256),
+            &args![w_ptrs, fi, hd, ids, act, w, t32, k32, n32, r32, x],
         )
     }
 

@@ -180,8 +180,16 @@ pub struct GMoe {
     pub first_expert: usize,
     /// Selection-only bias, applied on the host where routing runs.
     pub correction_bias: Option<Vec<f32>>,
+    /// The routed experts held, then `shared_fused` slices of the shared experts' intermediate
+    /// (each as wide as a routed expert) that every token takes with weight 1.
     pub experts: Vec<GMlp>,
+    /// Number of shared-expert slices at the end of `experts` (0: shared kept in `shared`).
+    pub shared_fused: usize,
+    /// The shared experts as one MLP, where they are not fused into `experts`.
     pub shared: Option<GMlp>,
+    /// Where fused: ids [SHARED_ID_TOKENS * shared_fused] (E + j, token after token) and
+    /// weights 1 of the slices alone, for steps that run them apart from the routed pairs.
+    pub shared_pairs: Option<(DBuf<i32>, DBuf<f32>)>,
     /// [experts.len()] device pointers of each held expert's gate_up / down (GEMV path).
     pub gate_up_ptrs: DBuf<u64>,
     pub down_ptrs: DBuf<u64>,
@@ -192,6 +200,8 @@ pub struct GMoe {
     pub bias_dev: Option<DBuf<f32>>,
 }
 
+// One a layer, built once at load and never moved on a hot path: no Box for the larger variant.
+#[allow(clippy::large_enum_variant)]
 pub enum GFfn {
     Dense(GMlp),
     Moe(GMoe),
@@ -263,11 +273,75 @@ fn indexer(up: Up, w: &IndexerWeights) -> Result<GIndexer> {
     })
 }
 
+/// Most tokens [`GMoe::shared_pairs`] covers.
+pub const SHARED_ID_TOKENS: usize = 64;
+
+/// Whether shared experts become routed-expert entries (`MLASERVE_FUSE_SHARED`, default on).
+fn fuse_shared() -> bool {
+    std::env::var("MLASERVE_FUSE_SHARED").map_or(true, |v| v != "0")
+}
+
+/// The shared experts of `m` cut into slices as wide as one routed expert (slice j: rows
+/// j*F..(j+1)*F of gate and up, the same columns of down), so each runs as one more expert
+/// taken by every token with weight 1 — SwiGLU is elementwise in the intermediate and down
+/// sums over it, so the slices add up to the shared MLP. None where that does not hold
+/// exactly: expert-parallel shards (ids of other ranks' experts would alias the slices), a
+/// width that is not a multiple, or a slice that would be stored in another block type than
+/// the routed experts (one kernel serves every entry) — and where the experts stay quantized.
+#[allow(clippy::manual_is_multiple_of)] // MSRV 1.85
+fn shared_slices(m: &Moe, keeps: &dyn Fn(&QMatrix) -> Option<QType>) -> Option<Vec<Mlp>> {
+    let (sh, e0) = (m.shared.as_ref()?, m.experts.first()?);
+    let f = e0.gate.rows;
+    let fs = sh.gate.rows;
+    if m.first_expert != 0
+        || m.experts.len() != m.router.rows
+        || f == 0
+        || fs % f != 0
+        || sh.up.rows != fs
+        || sh.down.cols != fs
+        || sh.gate.cols != e0.gate.cols
+        || sh.down.rows != e0.down.rows
+    {
+        return None;
+    }
+    let gu_ty = |g: &QMatrix, u: &QMatrix| match (keeps(g), keeps(u)) {
+        (Some(a), Some(b)) if a == b => Some(a),
+        _ => None,
+    };
+    // bf16 experts only: the fused expert kernels read an expert once for all the tokens
+    // that chose it, but the int8 GEMV over pairs reads it once a pair, and the shared
+    // slices are one pair a token (V2-Lite Q4_K, session 7: 2% slower at 1 and 4 tokens).
+    let want = (gu_ty(&e0.gate, &e0.up), keeps(&e0.down));
+    if want != (None, None) {
+        return None;
+    }
+    let slices: Vec<Mlp> = (0..fs / f)
+        .map(|j| Mlp {
+            gate: sh.gate.rows_slice(j * f, f),
+            up: sh.up.rows_slice(j * f, f),
+            down: mlaserve_model::parallel::shard::cols_slice(
+                &sh.down,
+                j * f..(j + 1) * f,
+                "ffn_down_shexp",
+            ),
+        })
+        .collect();
+    slices
+        .iter()
+        .all(|s| (gu_ty(&s.gate, &s.up), keeps(&s.down)) == want)
+        .then_some(slices)
+}
+
 fn moe(up: Up, m: &Moe) -> Result<GMoe> {
     let gpu = up.gpu;
+    let slices = fuse_shared()
+        .then(|| shared_slices(m, &|q| up.keeps(q)))
+        .flatten();
+    let shared_fused = slices.as_ref().map_or(0, Vec::len);
     let experts: Vec<GMlp> = m
         .experts
         .iter()
+        .chain(slices.iter().flatten())
         .map(|e| mlp(up, e))
         .collect::<Result<_>>()?;
     let kind = |f: fn(&GMlp) -> &GLinear| experts.first().and_then(|e| f(e).qtype());
@@ -296,8 +370,21 @@ fn moe(up: Up, m: &Moe) -> Result<GMoe> {
         down_ptrs: gpu.upload(&dn)?,
         gate_up_ty,
         down_ty,
+        shared_pairs: match shared_fused {
+            0 => None,
+            s => {
+                let ids: Vec<i32> = (0..SHARED_ID_TOKENS * s)
+                    .map(|i| (m.router.rows + i % s) as i32)
+                    .collect();
+                Some((gpu.upload(&ids)?, gpu.upload(&vec![1f32; ids.len()])?))
+            }
+        },
         experts,
-        shared: m.shared.as_ref().map(|s| mlp(up, s)).transpose()?,
+        shared_fused,
+        shared: match shared_fused {
+            0 => m.shared.as_ref().map(|s| mlp(up, s)).transpose()?,
+            _ => None,
+        },
     })
 }
 
@@ -358,5 +445,114 @@ impl GWeights {
             .map(|l| l.bytes())
             .sum();
         (q, all.iter().map(|l| l.bytes()).sum())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlaserve_gguf::GgmlType;
+
+    fn rand(n: usize, seed: u64) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+
+    fn mat(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> QMatrix {
+        let v = rand(rows * cols, seed);
+        match ty {
+            GgmlType::F32 => QMatrix::from_f32(rows, cols, v),
+            _ => QMatrix::quantize_from_f32(ty, rows, cols, &v).unwrap(),
+        }
+    }
+
+    fn mlp(ty: GgmlType, f: usize, h: usize, seed: u64) -> Mlp {
+        Mlp {
+            gate: mat(ty, f, h, seed),
+            up: mat(ty, f, h, seed + 1),
+            down: mat(ty, h, f, seed + 2),
+        }
+    }
+
+    /// down · (silu(gate · x) * (up · x)) in f64 of the stored (dequantized) weights.
+    fn swiglu(m: &Mlp, x: &[f32]) -> Vec<f64> {
+        let (g, u, d) = (m.gate.to_f32(), m.up.to_f32(), m.down.to_f32());
+        let (f, h) = (m.gate.rows, m.gate.cols);
+        let dot = |w: &[f32], r: usize| -> f64 {
+            (0..h).map(|c| w[r * h + c] as f64 * x[c] as f64).sum()
+        };
+        let act: Vec<f64> = (0..f)
+            .map(|i| {
+                let (gv, uv) = (dot(&g, i), dot(&u, i));
+                gv / (1.0 + (-gv).exp()) * uv
+            })
+            .collect();
+        (0..h)
+            .map(|r| (0..f).map(|i| d[r * f + i] as f64 * act[i]).sum())
+            .collect()
+    }
+
+    fn moe(ty: GgmlType, sh_ty: GgmlType, f: usize, fs: usize, h: usize) -> Moe {
+        Moe {
+            router: mat(GgmlType::F32, 4, h, 1),
+            correction_bias: None,
+            experts: (0..4).map(|e| mlp(ty, f, h, 10 + 3 * e as u64)).collect(),
+            first_expert: 0,
+            shared: Some(mlp(sh_ty, fs, h, 99)),
+        }
+    }
+
+    fn keeps_q8(m: &QMatrix) -> Option<QType> {
+        QType::from_ggml(m.ty).filter(|t| m.cols % t.block_values() == 0)
+    }
+
+    /// The slices add up to the shared MLP (f32 and bf16 storage), and are refused where they
+    /// would not be exact, not share the routed experts' kind, or be quantized.
+    #[test]
+    fn shared_slices_sum_to_the_shared_mlp() {
+        for (ty, f, fs, h) in [(GgmlType::F32, 8, 24, 16), (GgmlType::BF16, 64, 128, 64)] {
+            let m = moe(ty, ty, f, fs, h);
+            let slices = shared_slices(&m, &keeps_q8).expect("slices");
+            assert_eq!(slices.len(), fs / f);
+            for s in &slices {
+                assert_eq!((s.gate.rows, s.down.cols, s.down.ty), (f, f, ty));
+            }
+            let x = rand(h, 7);
+            let want = swiglu(m.shared.as_ref().unwrap(), &x);
+            let mut got = vec![0f64; h];
+            for s in &slices {
+                for (g, v) in got.iter_mut().zip(swiglu(s, &x)) {
+                    *g += v;
+                }
+            }
+            let err = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f64::max);
+            assert!(
+                err < 1e-9,
+                "{ty:?}: slices differ from the shared MLP by {err}"
+            );
+        }
+        // A shared width that is not a multiple of the expert width.
+        assert!(shared_slices(&moe(GgmlType::F32, GgmlType::F32, 8, 20, 16), &keeps_q8).is_none());
+        // Shared experts in another block type than the routed ones, and quantized experts
+        // (kept in blocks: the int8 GEMV would read a shared slice once a token).
+        let m = moe(GgmlType::Q8_0, GgmlType::F32, 64, 128, 64);
+        assert!(shared_slices(&m, &keeps_q8).is_none());
+        let m = moe(GgmlType::Q8_0, GgmlType::Q8_0, 64, 128, 64);
+        assert!(shared_slices(&m, &keeps_q8).is_none());
+        // Expert-parallel shard: other ranks' ids would alias the slices.
+        let mut m = moe(GgmlType::F32, GgmlType::F32, 8, 16, 16);
+        m.first_expert = 4;
+        assert!(shared_slices(&m, &keeps_q8).is_none());
     }
 }

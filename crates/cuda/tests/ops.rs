@@ -145,6 +145,7 @@ fn gemms(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             1e-4,
         );
     }
+    gemv(gpu, rng, rep);
     // f32 router GEMM.
     let (m, n, k) = (5, 64, 256);
     let x = rng.vec(m * k, 1.0);
@@ -216,6 +217,139 @@ fn gemms(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             rel_err(&got, &want),
             1e-4,
         );
+        // The same product written as bf16 (the decode path's W_UV into o_proj's input):
+        // the f64 reference rounded once to bf16, within one bf16 step of the largest value.
+        let outb = poisoned::<u16>(gpu, t * heads * l);
+        gpu.gemm(&Gemm {
+            m: t,
+            n: l,
+            k: p,
+            ty: GemmType::Bf16Out,
+            x: qd.ptr(),
+            ldx: heads * qk,
+            stride_x: qk,
+            w: wdv.ptr(),
+            ldw: p,
+            stride_w: l * p,
+            out: outb.ptr(),
+            ldo: heads * l,
+            stride_o: l,
+            batch: heads,
+            beta: 0.0,
+        })
+        .unwrap();
+        let got: Vec<f32> = gpu.to_host(&outb).unwrap().into_iter().map(unbf).collect();
+        rep.check(
+            "gemm_batched",
+            format!("T{t} N{heads} P{p} L{l} ldx{} bf16 out", heads * qk),
+            "bf16>bf16",
+            rel_err(&got, &round_bf(&want)),
+            8e-3,
+        );
+    }
+}
+
+/// The decode GEMV (gemv.rs): 1-4 rows, one or two matrices (row counts that split a block
+/// and end on an odd row), plain and accumulating, x bf16 or normalized in the prologue — its
+/// bf16 rows bit for bit rms_norm's, its products against f64 over those rows.
+fn gemv(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
+    use mlaserve_cuda::gemv::{GemvMat, GemvX};
+    for &(m, k, r0, r1) in &[
+        (1usize, 2048usize, 40usize, 23usize),
+        (2, 264, 16, 0),
+        (3, 512, 7, 90),
+        (4, 2048, 576, 0),
+    ] {
+        let w0 = round_bf(&rng.vec(r0 * k, 0.1));
+        let w1 = round_bf(&rng.vec(r1 * k, 0.1));
+        let up = |v: &[f32]| {
+            gpu.upload(&v.iter().map(|&x| bf(x)).collect::<Vec<_>>())
+                .unwrap()
+        };
+        let (w0d, w1d) = (up(&w0), up(&w1));
+        let xf = rng.vec(m * k, 2.0);
+        let gamma = rng.vec(k, 1.0);
+        let (xfd, gd) = (gpu.upload(&xf).unwrap(), gpu.upload(&gamma).unwrap());
+        // The norm kernel's rows, the reference input.
+        let hnb_ref = poisoned::<u16>(gpu, m * k);
+        gpu.rms_norm(
+            m,
+            xfd.ptr(),
+            k,
+            0,
+            gd.ptr(),
+            0,
+            0,
+            hnb_ref.ptr(),
+            k,
+            k,
+            1e-6,
+        )
+        .unwrap();
+        let xb: Vec<f32> = gpu
+            .to_host(&hnb_ref)
+            .unwrap()
+            .into_iter()
+            .map(unbf)
+            .collect();
+        let (want0, want1) = (gemm_ref(&xb, &w0, m, r0, k), gemm_ref(&xb, &w1, m, r1, k));
+        for (norm, acc) in [(false, false), (true, false), (false, true), (true, true)] {
+            let base0 = rng.vec(m * r0, 1.0);
+            let base1 = rng.vec(m * (r1 + 3), 1.0);
+            let (o0, o1) = (gpu.upload(&base0).unwrap(), gpu.upload(&base1).unwrap());
+            let hnb = poisoned::<u16>(gpu, m * k);
+            let x = if norm {
+                GemvX::Norm {
+                    x: xfd.ptr(),
+                    gamma: gd.ptr(),
+                    eps: 1e-6,
+                    hnb: hnb.ptr(),
+                }
+            } else {
+                GemvX::Bf16(hnb_ref.ptr())
+            };
+            let mut mats = vec![GemvMat {
+                w: w0d.ptr(),
+                rows: r0,
+                out: o0.ptr(),
+                ld: r0,
+            }];
+            if r1 > 0 {
+                // The second output has a wider row stride (like kv inside [T, L+R] rows).
+                mats.push(GemvMat {
+                    w: w1d.ptr(),
+                    rows: r1,
+                    out: o1.ptr(),
+                    ld: r1 + 3,
+                });
+            }
+            gpu.gemv_bf16(m, k, x, &mats, acc).unwrap();
+            let got0 = gpu.to_host(&o0).unwrap();
+            let got1 = gpu.to_host(&o1).unwrap();
+            let mut w0x = want0.clone();
+            let mut w1x = base1.clone();
+            for i in 0..m {
+                for r in 0..r0 {
+                    w0x[i * r0 + r] += if acc { base0[i * r0 + r] } else { 0.0 };
+                }
+                for r in 0..r1 {
+                    let o = &mut w1x[i * (r1 + 3) + r];
+                    *o = want1[i * r1 + r] + if acc { *o } else { 0.0 };
+                }
+            }
+            let err = rel_err(&got0, &w0x).max(if r1 > 0 { rel_err(&got1, &w1x) } else { 0.0 });
+            let name = format!(
+                "M{m} K{k} rows {r0}+{r1}{}{}",
+                if norm { " norm" } else { "" },
+                if acc { " acc" } else { "" }
+            );
+            rep.check("gemv_bf16", name.clone(), "bf16>f32", err, 1e-5);
+            if norm {
+                let (a, b) = (gpu.to_host(&hnb).unwrap(), gpu.to_host(&hnb_ref).unwrap());
+                let mism = a.iter().zip(&b).filter(|(a, b)| a != b).count();
+                rep.check("gemv_bf16 hnb", name, "bf16", mism as f64, 0.0);
+            }
+        }
     }
 }
 
@@ -388,6 +522,32 @@ fn elementwise(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             "f32",
             rel_err(&gpu.to_host(&qd).unwrap(), &want),
             1e-5,
+        );
+        // The decode path's fused kernel against rope (above) then the bf16 cast: the same
+        // f32 rows and bf16 copy, bit for bit.
+        let (qa, qb) = (
+            gpu.upload(&q).unwrap(),
+            poisoned::<u16>(gpu, t * heads * qk),
+        );
+        let (cp, sp) = (cd.ptr(), sd.ptr());
+        gpu.q_finish(t, qa.ptr(), heads * qk, heads, qk, p, r, cp, sp, qb.ptr())
+            .unwrap();
+        let qref = poisoned::<u16>(gpu, t * heads * qk);
+        gpu.to_bf16(qd.ptr(), qref.ptr(), t * heads * qk).unwrap();
+        let (fa, fb) = (gpu.to_host(&qa).unwrap(), gpu.to_host(&qd).unwrap());
+        let (ba, bb) = (gpu.to_host(&qb).unwrap(), gpu.to_host(&qref).unwrap());
+        let mism = fa
+            .iter()
+            .zip(&fb)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count()
+            + ba.iter().zip(&bb).filter(|(a, b)| a != b).count();
+        rep.check(
+            "q_finish",
+            format!("T{t} N{heads} P{p} R{r} vs rope+to_bf16"),
+            "f32>bf16",
+            mism as f64,
+            0.0,
         );
     }
     // SwiGLU to bf16
@@ -1158,7 +1318,7 @@ fn moe(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     use mlaserve_cuda::ops::RouteCfg;
     use mlaserve_model::layers::ffn::route;
     use mlaserve_model::{Gating, MoeConfig};
-    for &(e, k, gating, n_group, topk_group, norm, bias) in &[
+    for (case, &(e, k, gating, n_group, topk_group, norm, bias)) in [
         (
             64usize,
             6usize,
@@ -1172,8 +1332,13 @@ fn moe(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         (256, 8, Gating::Sigmoid, 8, 4, true, true),
         (256, 8, Gating::Sigmoid, 1, 1, true, true),
         (8, 2, Gating::Sigmoid, 4, 1, true, false),
-    ] {
-        let t = 7;
+    ]
+    .iter()
+    .enumerate()
+    {
+        // Shared-expert slices after the top-k: none, one, two (as the executor fuses them).
+        let (t, ns) = (7, case % 3);
+        let ko = k + ns;
         let mc = MoeConfig {
             num_experts: e,
             top_k: k,
@@ -1189,8 +1354,8 @@ fn moe(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         let logits = rng.vec(t * e, 3.0);
         let b = rng.vec(e, 0.5);
         let (ld, bd) = (gpu.upload(&logits).unwrap(), gpu.upload(&b).unwrap());
-        let ids = poisoned::<i32>(gpu, t * k);
-        let w = poisoned::<f32>(gpu, t * k);
+        let ids = poisoned::<i32>(gpu, t * ko);
+        let w = poisoned::<f32>(gpu, t * ko);
         let rc = RouteCfg {
             experts: e,
             top_k: k,
@@ -1199,6 +1364,7 @@ fn moe(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             topk_group,
             norm,
             scale: 2.5,
+            shared: ns,
         };
         gpu.moe_route(
             t,
@@ -1217,15 +1383,19 @@ fn moe(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 &logits[ti * e..(ti + 1) * e],
                 if bias { Some(&b) } else { None },
             );
+            let shared = (e..e + ns).map(|i| i as i32);
             mism += idx
                 .iter()
-                .zip(&gi[ti * k..(ti + 1) * k])
-                .filter(|(a, b)| **a as i32 != **b)
+                .map(|&i| i as i32)
+                .chain(shared)
+                .zip(&gi[ti * ko..(ti + 1) * ko])
+                .filter(|(a, b)| a != *b)
                 .count();
             want_w.extend(wt);
+            want_w.extend(std::iter::repeat_n(1.0, ns));
         }
         let name = format!(
-            "E{e} K{k} {gating:?} groups {n_group}/{topk_group}{}",
+            "E{e} K{k}+{ns} {gating:?} groups {n_group}/{topk_group}{}",
             if bias { " bias" } else { "" }
         );
         rep.check("moe_route ids", name.clone(), "i32", mism as f64, 0.0);
@@ -1315,6 +1485,103 @@ fn moe(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         rel_err(&gpu.to_host(&x0d).unwrap(), &want_x),
         1e-5,
     );
+    // The fused expert GEMVs against the chains they replace, bit for bit: gate|up with the
+    // SwiGLU epilogue (each expert read as [2f, n], f = rows / 2) against moe_gemv over the
+    // 2f rows + silu_mul; down with the combine epilogue (experts [rows, n], act [pairs, n])
+    // against moe_gemv + moe_combine_pairs. Expert 1 is not held: its pairs give zeros. The
+    // id sets have experts taken by several tokens (each read once for all of them): two of
+    // three tokens, every token (like shared slices), and six tokens of one slot (more pairs
+    // an expert than the kernels take at once).
+    let f = rows / 2;
+    let sets: [(usize, usize, Vec<i32>); 3] = [
+        (t, k, ids.clone()),
+        (3, 2, vec![2, 3, 2, 3, 2, 3]),
+        (6, 1, vec![2, 2, 1, 2, 2, 2]),
+    ];
+    for (t, k, ids) in sets {
+        let pairs = t * k;
+        let id = gpu.upload(&ids).unwrap();
+        let xs = round_bf(&rng.vec(t * n, 1.0));
+        let xd = gpu
+            .upload(&xs.iter().map(|&v| bf(v)).collect::<Vec<_>>())
+            .unwrap();
+        let gu = poisoned::<f32>(gpu, pairs * rows);
+        let (pp, ip) = (pd.ptr(), id.ptr());
+        gpu.moe_gemv(pairs, pp, first, held, ip, xd.ptr(), k, n, rows, gu.ptr())
+            .unwrap();
+        let act_fused = poisoned::<u16>(gpu, pairs * f);
+        gpu.moe_gemv_swiglu(
+            pairs,
+            pp,
+            first,
+            held,
+            ip,
+            xd.ptr(),
+            k,
+            n,
+            f,
+            act_fused.ptr(),
+        )
+        .unwrap();
+        let act_ref = poisoned::<u16>(gpu, pairs * f);
+        gpu.silu_mul(gu.ptr(), act_ref.ptr(), f, pairs).unwrap();
+        let (a, b) = (
+            gpu.to_host(&act_fused).unwrap(),
+            gpu.to_host(&act_ref).unwrap(),
+        );
+        let mism = a.iter().zip(&b).filter(|(a, b)| a != b).count();
+        rep.check(
+            "moe_gemv_swiglu",
+            format!("T{t} K{k} ids {ids:?} n{n} f{f} vs moe_gemv+silu_mul"),
+            "bf16",
+            mism as f64,
+            0.0,
+        );
+        let act = round_bf(&rng.vec(pairs * n, 1.0));
+        let act_d = gpu
+            .upload(&act.iter().map(|&v| bf(v)).collect::<Vec<_>>())
+            .unwrap();
+        let wts = rng.vec(pairs, 1.0);
+        let wd = gpu.upload(&wts).unwrap();
+        // Row counts that are and are not a multiple of the kernel's 4 rows a block (the
+        // experts' first `rc` rows), and fewer than 4.
+        for rc in [rows, rows - 2, 3] {
+            let y = poisoned::<f32>(gpu, pairs * rc);
+            gpu.moe_gemv(pairs, pp, first, held, ip, act_d.ptr(), 1, n, rc, y.ptr())
+                .unwrap();
+            let x0 = rng.vec(t * rc, 1.0);
+            let (xa, xb) = (gpu.upload(&x0).unwrap(), gpu.upload(&x0).unwrap());
+            gpu.moe_combine_pairs(t, xa.ptr(), y.ptr(), wd.ptr(), k, rc)
+                .unwrap();
+            gpu.moe_gemv_combine(
+                t,
+                k,
+                pp,
+                first,
+                held,
+                ip,
+                act_d.ptr(),
+                wd.ptr(),
+                n,
+                rc,
+                xb.ptr(),
+            )
+            .unwrap();
+            let (a, b) = (gpu.to_host(&xa).unwrap(), gpu.to_host(&xb).unwrap());
+            let mism = a
+                .iter()
+                .zip(&b)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            rep.check(
+                "moe_gemv_combine",
+                format!("T{t} K{k} ids {ids:?} n{n} rows{rc} vs moe_gemv+combine"),
+                "f32",
+                mism as f64,
+                0.0,
+            );
+        }
+    }
 }
 
 /// Grouped expert GEMM over pairs sorted on the GPU (`mlaserve_cuda::moe_grouped`): the sort

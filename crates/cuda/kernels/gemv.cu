@@ -1,0 +1,136 @@
+// Dense bf16 GEMV for decode steps (M <= 4 rows of x): one launch for up to two weight
+// matrices that read the same x (q_proj|q_a and kv_a_proj), optionally with the RMSNorm that
+// makes x in its prologue, and an L2 prefetch of the block's weight rows issued before the
+// wait on the previous grid (weights are never written by a kernel, so that read cannot race;
+// with PDL it overlaps the previous kernel's tail).
+//
+// out_j[m, r] (= or +=) W_j[r, :] . x[m, :] for j = 0, 1; W_j bf16 [r_j, k], out_j f32 with
+// row stride ld_j. x is xb bf16 [M, k] (row stride k), or, where gamma is non-null,
+// bf16(RMSNorm(xf[m, :]) * gamma) computed as rms_norm does (same block size and sums, so
+// the bf16 rows are bit-identical to its output; block 0 also stores them in hnb if
+// non-null). x lives in shared memory (M * k bf16, dynamic). grid (ceil((r0 + r1) / 16)),
+// block 256: two rows a warp, both rows' loads in flight together.
+template <int MT>
+__device__ __forceinline__ void gemv_bf16_body(const float* xf, const float* gamma, float eps,
+                                               const bf16* xb, int k, int m, const bf16* w0,
+                                               int r0, float* out0, int ld0, const bf16* w1,
+                                               int r1, float* out1, int ld1, int acc,
+                                               bf16* hnb) {
+    extern __shared__ __align__(16) unsigned char gemv_smem[];
+    bf16* xs = (bf16*)gemv_smem;
+    __shared__ float red[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (gamma) {
+        for (int mi = 0; mi < m; mi++) {
+            const float* xr = xf + (i64)mi * k;
+            float ss = 0.f;
+            for (int i = threadIdx.x; i < k; i += blockDim.x) ss += xr[i] * xr[i];
+            ss = block_sum(ss, red);
+            float inv = rsqrtf(ss / k + eps);
+            for (int i = threadIdx.x; i < k; i += blockDim.x) {
+                bf16 b = f2bf(xr[i] * inv * gamma[i]);
+                xs[mi * k + i] = b;
+                if (hnb && blockIdx.x == 0) hnb[(i64)mi * k + i] = b;
+            }
+        }
+    } else {
+        for (int i = threadIdx.x * 8; i < m * k; i += blockDim.x * 8)
+            *(uint4*)(xs + i) = *(const uint4*)(xb + i);
+    }
+    __syncthreads();
+    const int rows = r0 + r1;
+    const int ra = blockIdx.x * 16 + warp * 2;
+    if (ra >= rows) return;
+    const bf16* wr[2];
+    float* orow[2];
+    int ld[2];
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        int r = min(ra + j, rows - 1);  // a last odd row is computed twice, stored once
+        bool first = r < r0;
+        wr[j] = first ? w0 + (i64)r * k : w1 + (i64)(r - r0) * k;
+        orow[j] = first ? out0 + r : out1 + (r - r0);
+        ld[j] = first ? ld0 : ld1;
+    }
+    float s[2][MT];
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int mi = 0; mi < MT; mi++) s[j][mi] = 0.f;
+    // Four K steps of both rows requested before any is used: 8 loads of 16 bytes in flight
+    // a lane (a 2,048-row matrix gives only 128 blocks, one an SM: the loads in flight, not
+    // the warps, must cover the memory latency).
+    for (int c0 = lane * 8; c0 < k; c0 += 4 * 32 * 8) {
+        uint4 a[4], b[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int c = c0 + u * 256;
+            if (c < k) {
+                a[u] = *(const uint4*)(wr[0] + c);
+                b[u] = *(const uint4*)(wr[1] + c);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int c = c0 + u * 256;
+            if (c >= k) break;
+            const bf16* aa = (const bf16*)&a[u];
+            const bf16* bb = (const bf16*)&b[u];
+#pragma unroll
+            for (int mi = 0; mi < MT; mi++) {
+                if (mi < m) {
+                    uint4 xv = *(const uint4*)(xs + mi * k + c);
+                    const bf16* xe = (const bf16*)&xv;
+#pragma unroll
+                    for (int e = 0; e < 8; e++) {
+                        s[0][mi] += bf2f(aa[e]) * bf2f(xe[e]);
+                        s[1][mi] += bf2f(bb[e]) * bf2f(xe[e]);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        if (j == 1 && ra + 1 >= rows) break;
+#pragma unroll
+        for (int mi = 0; mi < MT; mi++) {
+            if (mi < m) {
+                float v = warp_sum(s[j][mi]);
+                if (lane == 0) {
+                    float* o = orow[j] + (i64)mi * ld[j];
+                    *o = acc ? *o + v : v;
+                }
+            }
+        }
+    }
+}
+
+// The L2 prefetch of block b's 16 weight rows (lines of 128 bytes), before MLA_PDL().
+__device__ __forceinline__ void gemv_prefetch(const bf16* w0, int r0, const bf16* w1, int r1,
+                                              int k, int on) {
+    if (!on) return;
+    const int rows = r0 + r1, lines = (k * 2 + 127) / 128;
+    const int ra = blockIdx.x * 16;
+    for (int i = threadIdx.x; i < 16 * lines; i += blockDim.x) {
+        int r = ra + i / lines;
+        if (r >= rows) break;
+        const bf16* p = (r < r0 ? w0 + (i64)r * k : w1 + (i64)(r - r0) * k) + (i % lines) * 64;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+    }
+}
+
+#define GEMV_BF16(MT)                                                                           \
+    extern "C" __global__ void gemv_bf16_m##MT(                                                \
+        const float* xf, const float* gamma, float eps, const bf16* xb, int k, int m,          \
+        const bf16* w0, int r0, float* out0, int ld0, const bf16* w1, int r1, float* out1,     \
+        int ld1, int acc, bf16* hnb, int prefetch) {                                           \
+        MLA_WEIGHTS_FIRST();                                                                   \
+        gemv_prefetch(w0, r0, w1, r1, k, prefetch);                                            \
+        MLA_PDL();                                                                             \
+        gemv_bf16_body<MT>(xf, gamma, eps, xb, k, m, w0, r0, out0, ld0, w1, r1, out1, ld1,     \
+                           acc, hnb);                                                          \
+    }
+GEMV_BF16(1)
+GEMV_BF16(2)
+GEMV_BF16(4)

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Package stripped binaries for the GPU machine (it has no Rust): the op/e2e/graphs test
+# binaries, mlaserve, the decode_profile and qgemv labs and synth_model, into
+# .device/pkg/bins.tar.xz (.device/ must be ignored: add it to .git/info/exclude). Carry
+# `.device`; the carry limit (64 MiB) includes the tracked tree (~59 MB), so the archive must
+# stay under ~4.8 MB: xz -9e of stripped binaries is ~4.7 MB.
+#
+#   cargo build --release -p mlaserve && cargo build --release -p mlaserve-cuda --examples \
+#     && cargo build --release -p mlaserve-model --example synth_model \
+#     && cargo test --release -p mlaserve-cuda --no-run
+#   tools/device/pack.sh [OLD_MLASERVE]    # OLD_MLASERVE: a baseline binary, as mlaserve_old
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+pkg=$(mktemp -d)
+for b in ops e2e graphs; do
+    f=$(ls -t target/release/deps/$b-* | grep -v '\.d$' | head -1)
+    cp "$f" "$pkg/$b"
+done
+cp target/release/mlaserve target/release/examples/{decode_profile,qgemv,synth_model} "$pkg/"
+if [ $# -ge 1 ]; then cp "$1" "$pkg/mlaserve_old"; fi
+strip "$pkg"/*
+mkdir -p .device/pkg
+(cd "$pkg" && XZ_OPT=-9e tar -cJf "$OLDPWD/.device/pkg/bins.tar.xz" ./*)
+cp tools/device/decode_ab.sh .device/
+rm -rf "$pkg"
+ls -la .device/pkg/bins.tar.xz

@@ -2,10 +2,11 @@
 # On the GPU machine (run from the repository root, `.device` carried; see pack.sh): the op
 # table, e2e and graph tests, then V2-Lite-shaped decode benchmarks of the variants given as
 # arguments, each `name[:VAR=value,...]` (binary `mlaserve`, or `mlaserve_old` for a name
-# starting with "old"), all in the same run, and a decode profile (this build) at batch 1. Results in $OUT: tests.txt, ops-report.json, e2e-report.json, bench.txt,
-# profile_b1.{txt,json}.
+# starting with "old"), all in the same run, and decode profiles (this build). Results in
+# $OUT: tests.txt, ops-report.json, e2e-report.json, bench.txt, profile_b<B>.{txt,json}.
 #   bash .device/decode_ab.sh new old new:MLASERVE_FUSE_SHARED=0 new2
-# Env: BATCHES (default 1,2,4,16), TESTS=0 to skip the tests, TYPE=q4_k|q8_0 for the model.
+# Env: BATCHES (default 1,2,4,16), TESTS=0 to skip the tests, TYPE=q4_k|q8_0 for the model,
+# PROFILE_BATCHES (default "1"; e.g. "1 4"). At most 8 files come back from $OUT.
 set -uo pipefail
 mkdir -p .device/bin && tar -xJf .device/pkg/bins.tar.xz -C .device/bin
 B=$PWD/.device/bin
@@ -33,5 +34,8 @@ for v in "$@"; do
     env ${vars[@]+"${vars[@]}"} "$B/$bin" bench --model "$model" --device cuda -b "${BATCHES:-1,2,4,16}" \
         -p 512 -n 64 -r 3 2>&1 | grep -E '^\| .*tg|rror|panic' >> "$OUT/bench.txt"
 done
-timeout 60 "$B/decode_profile" "$model" --batch 1 --json "$OUT/profile_b1.json" > "$OUT/profile_b1.txt" 2>&1
+for b in ${PROFILE_BATCHES:-1}; do
+    timeout 60 "$B/decode_profile" "$model" --batch "$b" --json "$OUT/profile_b$b.json" \
+        > "$OUT/profile_b$b.txt" 2>&1
+done
 echo "end $(el)" >> "$OUT/bench.txt"

@@ -183,7 +183,8 @@ pub struct GMoe {
     /// The routed experts held, then `shared_fused` slices of the shared experts' intermediate
     /// (each as wide as a routed expert) that every token takes with weight 1.
     pub experts: Vec<GMlp>,
-    /// Number of shared-expert slices at the end of `experts` (0: shared kept in `shared`).
+    /// Number of shared-expert slices at the end of `experts` (0: shared kept in `shared`);
+    /// nonzero only for bf16 experts ([`shared_slices`]).
     pub shared_fused: usize,
     /// The shared experts as one MLP, where they are not fused into `experts`.
     pub shared: Option<GMlp>,

@@ -283,11 +283,12 @@ impl CudaExecutor {
             gpu.moe_gemv_swiglu(k, gate_up, first, held, ip, hnb.ptr(), k, h, f, ap)?;
             return gpu.moe_gemv_combine(t, k, down, first, held, ip, ap, w.ptr(), f, h, out);
         }
-        // The routed pairs: x quantized to int8 in each block for quantized experts
-        // (qgemv.rs), bf16 GEMV otherwise; SwiGLU and the combine as kernels of their own.
-        let k = mc.top_k + if bf16 { 0 } else { m.shared_fused };
+        // The routed pairs (shared slices exist only for bf16 experts: they run apart below):
+        // x quantized to int8 in each block for quantized experts (qgemv.rs), bf16 GEMV
+        // otherwise; SwiGLU and the combine as kernels of their own.
+        let k = mc.top_k;
         let pairs = t * k;
-        let (ids, w) = self.route_on_gpu(m, mc, t, logits, k - mc.top_k)?;
+        let (ids, w) = self.route_on_gpu(m, mc, t, logits, 0)?;
         // One expert-GEMV launch over all pairs: x [*, width] bf16; pair p reads row p / x_div.
         let gemv = |ty: Option<QType>,
                     ptrs: u64,
@@ -312,9 +313,9 @@ impl CudaExecutor {
         let y = gpu.alloc::<f32>(pairs * h)?;
         gemv(m.down_ty, down, act.ptr(), 1, f, h, y.ptr())?;
         gpu.moe_combine_pairs(t, out, y.ptr(), w.ptr(), k, h)?;
-        // The fused shared slices of bf16 experts, apart.
-        match (&m.shared_pairs, bf16) {
-            (Some((sids, ones)), true) => {
+        // The fused shared slices (of bf16 experts), apart.
+        match &m.shared_pairs {
+            Some((sids, ones)) => {
                 let s = m.shared_fused;
                 if t > SHARED_ID_TOKENS {
                     return Err(CudaError::Invalid(format!(
@@ -326,7 +327,7 @@ impl CudaExecutor {
                 gpu.moe_gemv_swiglu(t * s, gate_up, first, held, ip, hnb.ptr(), s, h, f, ap)?;
                 gpu.moe_gemv_combine(t, s, down, first, held, ip, ap, ones.ptr(), f, h, out)
             }
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 }

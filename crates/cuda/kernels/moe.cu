@@ -142,174 +142,108 @@ extern "C" __global__ void moe_gemv(const unsigned long long* w_ptrs, int first,
     if (lane == 0) out[(i64)p * rows + row] = acc;
 }
 
-// Whether pair p is the first of the pairs [0, p] with its expert id (its "leader"): the
-// fused kernels below read each expert once for all the pairs that chose it (a decode step of
-// t tokens has at most t pairs an expert, one a token; shared slices are taken by every
-// token), instead of once a pair.
-__device__ __forceinline__ bool pair_leads(const int* ids, int p) {
-    int e = ids[p];
-    for (int q = 0; q < p; q++)
-        if (ids[q] == e) return false;
-    return true;
-}
+// Shared-expert slices as views (weights.rs): ids >= e_routed are slices j = id - e_routed of
+// the shared MLP (intermediate fs), whose pointer-table entries point at gate row j*f of its
+// gate|up [2fs, n] and at column j*f of its down [rows, fs]: a slice's up rows sit fs rows
+// after its gate rows (f for a routed expert) and its down rows are fs apart (n for a routed
+// expert). Without slices the caller passes fs = f.
 
-// The next up to 4 pairs from `from` (inclusive) with expert id e, into mem; their count.
-// (mem is only written at constant indices, so it stays in registers.)
-__device__ __forceinline__ int pair_members(const int* ids, int pairs, int e, int& from,
-                                            int (&mem)[4]) {
-    int nm = 0;
-    for (; from < pairs && nm < 4; from++) {
-        if (ids[from] != e) continue;
+// Two rows of one warp (w0, w1, K = n) against x, each sum exactly as warp_row_dot sums one row
+// (same lane steps, same order), with four K steps of both rows in flight: the loads, not the
+// warps, cover the memory latency (gemv.cu). out0 = w0 . x, out1 = w1 . x, in every lane.
+__device__ __forceinline__ void warp_2rows_dot(const bf16* w0, const bf16* w1, const bf16* x,
+                                               int n, int lane, float& out0, float& out1) {
+    float s0 = 0.f, s1 = 0.f;
+    for (int c0 = lane * 8; c0 < n; c0 += 4 * 32 * 8) {
+        uint4 a[4], b[4];
 #pragma unroll
-        for (int m = 0; m < 4; m++)
-            if (m == nm) mem[m] = from;
-        nm++;
+        for (int u = 0; u < 4; u++) {
+            int c = c0 + u * 256;
+            if (c < n) {
+                a[u] = *(const uint4*)(w0 + c);
+                b[u] = *(const uint4*)(w1 + c);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int c = c0 + u * 256;
+            if (c >= n) break;
+            uint4 xv = *(const uint4*)(x + c);  // x is small and shared by all warps: L1
+            const bf16* aa = (const bf16*)&a[u];
+            const bf16* bb = (const bf16*)&b[u];
+            const bf16* xe = (const bf16*)&xv;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                s0 += bf2f(aa[j]) * bf2f(xe[j]);
+                s1 += bf2f(bb[j]) * bf2f(xe[j]);
+            }
+        }
     }
-    return nm;
+    out0 = warp_sum(s0);
+    out1 = warp_sum(s1);
 }
 
 // Expert gate|up GEMV with the SwiGLU in its epilogue: act[p, i] = bf16(silu(g) * u) with
-// g = W[i, :] . x, u = W[f + i, :] . x, W = the gate|up [2f, n] of expert ids[p], x row
-// p / x_div — bit for bit moe_gemv (rows 2f) then silu_mul_bf16. Pairs not held get 0.
-// grid (ceil(f / 8), pairs), block 256: a warp per i; the block of a pair that leads its
-// expert computes every pair of that expert (4 at a time, both rows' loads in flight
-// together, each weight read once), the others exit.
+// g = W[i, :] . x, u = W[up + i, :] . x (up = f, or fs for a slice), W = the gate|up of expert
+// ids[p], x row p / x_div — bit for bit moe_gemv (rows 2f) then silu_mul_bf16. Pairs not held
+// get 0. grid (ceil(f / 8), pairs), block 256: a warp per i, its gate and up rows together.
+// Each pair reads its expert: meant for one token, whose pairs are distinct experts.
 extern "C" __global__ void moe_gemv_swiglu(const unsigned long long* w_ptrs, int first,
                                            int held, const int* ids, const bf16* x, int x_div,
-                                           int n, int f, int pairs, bf16* act) {
+                                           int n, int f, int e_routed, int fs, bf16* act) {
     MLA_PDL();
     int p = blockIdx.y, lane = threadIdx.x & 31;
     int i = blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (i >= f || !pair_leads(ids, p)) return;
+    if (i >= f) return;
     const bf16* w = pair_expert(w_ptrs, first, held, ids, p);
-    const bf16* wg = w + (i64)i * n;
-    const bf16* wu = w + (i64)(f + i) * n;
-    int mem[4];
-    for (int from = p, nm; (nm = pair_members(ids, pairs, ids[p], from, mem)) > 0;) {
-        float g[4] = {0.f, 0.f, 0.f, 0.f}, u[4] = {0.f, 0.f, 0.f, 0.f};
-        const bf16* xr[4];
-#pragma unroll
-        for (int m = 0; m < 4; m++) xr[m] = x + (i64)((m < nm ? mem[m] : mem[0]) / x_div) * n;
-        if (w) {
-            for (int c = lane * 8; c < n; c += 32 * 8) {
-                uint4 a = *(const uint4*)(wg + c);
-                uint4 b = *(const uint4*)(wu + c);
-                const bf16* aa = (const bf16*)&a;
-                const bf16* bb = (const bf16*)&b;
-#pragma unroll
-                for (int m = 0; m < 4; m++) {
-                    if (m < nm) {
-                        uint4 xx = *(const uint4*)(xr[m] + c);
-                        const bf16* xe = (const bf16*)&xx;
-#pragma unroll
-                        for (int j = 0; j < 8; j++) {
-                            g[m] += bf2f(aa[j]) * bf2f(xe[j]);
-                            u[m] += bf2f(bb[j]) * bf2f(xe[j]);
-                        }
-                    }
-                }
-            }
-        }
-#pragma unroll
-        for (int m = 0; m < 4; m++) {
-            if (m < nm) {
-                float gs = warp_sum(g[m]), us = warp_sum(u[m]);
-                if (lane == 0) act[(i64)mem[m] * f + i] = f2bf(gs / (1.f + __expf(-gs)) * us);
-            }
-        }
+    float g = 0.f, u = 0.f;
+    if (w) {
+        const int up = ids[p] >= e_routed ? fs : f;
+        const bf16* xr = x + (i64)(p / x_div) * n;
+        warp_2rows_dot(w + (i64)i * n, w + (i64)(up + i) * n, xr, n, lane, g, u);
     }
+    if (lane == 0) act[(i64)p * f + i] = f2bf(g / (1.f + __expf(-g)) * u);
 }
 
-// R rows of one warp against up to 4 x rows (xs[m], m < nm), each sum exactly as
-// warp_row_dot sums one row (so bit-identical to it), all loads of a step in flight together:
-// out[r][m] = (w + r * n) . xs[m].
-template <int R>
-__device__ __forceinline__ void warp_rows_dot(const bf16* w, const bf16* const* xs, int nm,
-                                              int n, int lane, float (*out)[4]) {
-    float acc[R][4];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int m = 0; m < 4; m++) acc[r][m] = 0.f;
-    for (int i = lane * 8; i < n; i += 32 * 8) {
-        uint4 a[R];
-#pragma unroll
-        for (int r = 0; r < R; r++) a[r] = *(const uint4*)(w + (i64)r * n + i);
-#pragma unroll
-        for (int m = 0; m < 4; m++) {
-            if (m < nm) {
-                uint4 b = *(const uint4*)(xs[m] + i);
-                const bf16* bb = (const bf16*)&b;
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    const bf16* aa = (const bf16*)&a[r];
-#pragma unroll
-                    for (int j = 0; j < 8; j++) acc[r][m] += bf2f(aa[j]) * bf2f(bb[j]);
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int m = 0; m < 4; m++)
-            if (m < nm) out[r][m] = warp_sum(acc[r][m]);
-}
+// Rows a block of moe_gemv_combine.
+#define COMBINE_ROWS 8
 
 // Expert down GEMV with the combine in its epilogue: x[t, row] += sum_j w[t*k + j] *
-// (W_{ids[t*k + j]}[row, :] . act[t*k + j, :]) for every token t < T, W bf16 [rows, n] —
-// bit for bit moe_gemv (x_div 1) then moe_combine_pairs, without the [pairs, rows]
-// intermediate. Pairs not held add nothing. grid (ceil(rows / 4)), block 256: the block's 4
-// rows (the last block's sit lower, inside W) for all pairs — warp w takes the pairs w,
-// w + 8, ... that lead their expert and computes every pair of that expert (each weight read
-// once) into shared memory; then a thread per (token, row) adds its slots in order.
-// T * k <= 256 and T <= 64. (A row a block, a warp a pair, was 1.3x slower at 1 token and
-// 1.9x at 4: session 7, run 5.)
-extern "C" __global__ void __launch_bounds__(256, 3)
-    moe_gemv_combine(const unsigned long long* w_ptrs, int first, int held, const int* ids,
-                     const bf16* act, const float* wts, int t_count, int k, int n, int rows,
-                     float* x) {
+// (W_{ids[t*k + j]}[row, :] . act[t*k + j, :]) for every token t < T, W bf16 rows of n values
+// (n apart, fs for a slice) — bit for bit moe_gemv (x_div 1) then moe_combine_pairs, without
+// the [pairs, rows] intermediate. Pairs not held add nothing. grid (ceil(rows / 8)), block
+// 256: the block's 8 rows (the last block's sit lower, inside W) for all pairs, as items of
+// (pair, row pair) that warp w takes w, w + 8, ... (two rows, four K steps in flight) into
+// shared memory; then a thread per (token, row) adds its slots in order. T * k <= 256.
+extern "C" __global__ void moe_gemv_combine(const unsigned long long* w_ptrs, int first,
+                                            int held, const int* ids, const bf16* act,
+                                            const float* wts, int t_count, int k, int n,
+                                            int rows, int e_routed, int fs, float* x) {
     MLA_PDL();
-    __shared__ float y[256][4];
+    __shared__ float y[256][COMBINE_ROWS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, pairs = t_count * k;
-    const int r0 = rows >= 4 ? min((int)blockIdx.x * 4, rows - 4) : 0;
-    const int nr = min(4, rows);
-    for (int j = warp; j < pairs; j += 8) {
-        if (!pair_leads(ids, j)) continue;
+    const int r0 = rows >= COMBINE_ROWS ? min((int)blockIdx.x * COMBINE_ROWS, rows - COMBINE_ROWS)
+                                        : 0;
+    const int nr = min(COMBINE_ROWS, rows), halves = (nr + 1) / 2;
+    for (int it = warp; it < pairs * halves; it += 8) {
+        const int j = it / halves, q = it % halves;
+        const int ra = r0 + 2 * q, rb = min(ra + 1, r0 + nr - 1);  // an odd last row twice
         const bf16* w = pair_expert(w_ptrs, first, held, ids, j);
-        int mem[4];
-        for (int from = j, nm; (nm = pair_members(ids, pairs, ids[j], from, mem)) > 0;) {
-            float d[4][4];
-#pragma unroll
-            for (int r = 0; r < 4; r++)
-#pragma unroll
-                for (int m = 0; m < 4; m++) d[r][m] = 0.f;
-            const bf16* xs[4];
-#pragma unroll
-            for (int m = 0; m < 4; m++) xs[m] = act + (i64)(m < nm ? mem[m] : mem[0]) * n;
-            if (w && nr == 4) {
-                warp_rows_dot<4>(w + (i64)r0 * n, xs, nm, n, lane, d);
-            } else if (w) {
-#pragma unroll
-                for (int r = 0; r < 4; r++)
-#pragma unroll
-                    for (int m = 0; m < 4; m++)
-                        if (r < nr && m < nm)
-                            d[r][m] = warp_row_dot(w + (i64)(r0 + r) * n, xs[m], n, lane);
-            }
-            if (lane == 0) {
-#pragma unroll
-                for (int m = 0; m < 4; m++)
-#pragma unroll
-                    for (int r = 0; r < 4; r++)
-                        if (m < nm) y[mem[m]][r] = d[r][m];
-            }
+        float da = 0.f, db = 0.f;
+        if (w) {
+            const i64 ld = ids[j] >= e_routed ? fs : n;
+            warp_2rows_dot(w + ra * ld, w + rb * ld, act + (i64)j * n, n, lane, da, db);
+        }
+        if (lane == 0) {
+            y[j][ra - r0] = da;
+            y[j][rb - r0] = db;
         }
     }
     __syncthreads();
-    const int tt = threadIdx.x >> 2, rr = threadIdx.x & 3;
-    const int row = blockIdx.x * 4 + rr;
-    if (tt < t_count && row < rows) {
+    for (int o = threadIdx.x; o < t_count * COMBINE_ROWS; o += blockDim.x) {
+        const int tt = o / COMBINE_ROWS, rr = o % COMBINE_ROWS;
+        const int row = blockIdx.x * COMBINE_ROWS + rr;
+        if (row >= rows || rr >= nr) continue;
         float acc = 0.f;
         for (int j = 0; j < k; j++) acc += wts[tt * k + j] * y[tt * k + j][row - r0];
         x[(i64)tt * rows + row] += acc;

@@ -131,6 +131,32 @@ enum AttnOut {
     Bf16(u64),
 }
 
+/// q as the absorbed path receives it.
+enum QIn {
+    /// q_pe rotated; the bf16 copy W_UK reads where q_finish made one (else cast there).
+    Rotated(Option<DBuf<u16>>),
+    /// q_pe not rotated yet: the fused W_UK launch rotates it with these cos/sin rows.
+    Unrotated { cos: u64, sin: u64 },
+}
+
+/// Most tokens on the fused absorbed projections (mla_absorb.cu): each (token, head) block
+/// reads its head's W_UK/W_UV rows (2 MiB a layer for 16 heads; L2-resident), so larger steps
+/// keep cuBLAS's strided-batched GEMMs, which read them once.
+const ABSORB_FUSED_MAX_T: usize = 4;
+
+/// Whether the absorbed path of `d` runs its projections fused with their neighbours
+/// (`MLASERVE_FUSED_ABSORB=0`: never, for comparisons).
+fn absorb_fused(d: &AttnDims) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("MLASERVE_FUSED_ABSORB").map_or(true, |v| v != "0"));
+    on && d.t <= ABSORB_FUSED_MAX_T
+        && d.p % 8 == 0
+        && d.p <= 512
+        && d.r % 2 == 0
+        && d.l % 8 == 0
+        && d.l <= 1024
+}
+
 /// [`linear`] over a matrix that is always bf16 (the absorbed W_UK / W_UV).
 fn gemm_bf16(gpu: &Gpu, m: usize, x: u64, w: &GMat, out: u64) -> Result<()> {
     gpu.gemm(&Gemm::plain(
@@ -700,26 +726,6 @@ impl CudaExecutor {
             inp.slots.ptr(),
             layer_cache,
         )?;
-        // q_pe rotated in place; for decode steps also the bf16 copy W_UK reads, same kernel.
-        let qb = if batch.is_decode.iter().all(|&d| d) {
-            let qb = gpu.alloc::<u16>(t * n * qk)?;
-            let (cos, sin) = (inp.cos.ptr(), inp.sin.ptr());
-            gpu.q_finish(t, q.ptr(), n * qk, n, qk, p, r, cos, sin, qb.ptr())?;
-            Some(qb)
-        } else {
-            gpu.rope(
-                t,
-                q.ptr(),
-                n * qk,
-                n,
-                qk,
-                p,
-                r,
-                inp.cos.ptr(),
-                inp.sin.ptr(),
-            )?;
-            None
-        };
         if probe::active() {
             self.probe_dev(
                 Some(li),
@@ -768,24 +774,37 @@ impl CudaExecutor {
             scale: cfg.softmax_scale(),
         };
         // o_proj's input [T, N*V] bf16. A step of decode tokens only (no probe asking for the
-        // f32 rows) has the absorbed path's W_UV GEMM write it directly.
+        // f32 rows) takes the absorbed path alone, whose W_UV product writes it directly.
         let ob = gpu.alloc::<u16>(t * n * v)?;
         let dec: Vec<usize> = (0..t).filter(|&i| lists.n_mqa_h[i] > 0).collect();
-        if lists.max_mqa > 0
+        let decode_only = batch.is_decode.iter().all(|&d| d);
+        let absorbed_only = lists.max_mqa > 0
             && dec.len() == t
             && !lists.any_mha
             && lists.n_flash_tiles == 0
-            && !probe::active()
-        {
+            && !probe::active();
+        // q_pe rotated in place: inside the fused W_UK launch where the step takes the absorbed
+        // path alone, else by q_finish with the bf16 copy W_UK reads (decode steps) or rope.
+        let (cos, sin) = (inp.cos.ptr(), inp.sin.ptr());
+        let qin = if decode_only && absorbed_only && absorb_fused(&dims) {
+            QIn::Unrotated { cos, sin }
+        } else if decode_only {
+            let qb = gpu.alloc::<u16>(t * n * qk)?;
+            gpu.q_finish(t, q.ptr(), n * qk, n, qk, p, r, cos, sin, qb.ptr())?;
+            QIn::Rotated(Some(qb))
+        } else {
+            gpu.rope(t, q.ptr(), n * qk, n, qk, p, r, cos, sin)?;
+            QIn::Rotated(None)
+        };
+        if absorbed_only {
             let keys = KeyLists {
                 n_keys: lists.n_mqa.ptr(),
                 sel_off: lists.sel_off.ptr(),
                 sel_pos: lists.sel_pos.ptr(),
             };
-            let qb = qb.as_ref().map(|b| b.ptr());
             let to = AttnOut::Bf16(ob.ptr());
             let (dims, max_keys) = (&dims, lists.max_mqa);
-            self.absorbed(li, w, dims, max_keys, q.ptr(), qb, &keys, inp, cache, to)?;
+            self.absorbed(li, w, dims, max_keys, q.ptr(), &qin, &keys, inp, cache, to)?;
             return linear(gpu, t, ob.ptr(), &w.o_proj, out, true);
         }
         // attn_out [T, N*V]: the MHA kernel writes every row (zeros for absorbed tokens),
@@ -861,13 +880,12 @@ impl CudaExecutor {
                     sel_off: lists.sel_off.ptr(),
                     sel_pos: lists.sel_pos.ptr(),
                 };
-                let qb = qb.as_ref().map(|b| b.ptr());
                 let out = AttnOut::F32 {
                     ptr: attn_out.ptr(),
                     beta: 0.0,
                 };
                 let (dims, max_keys) = (&dims, lists.max_mqa);
-                self.absorbed(li, w, dims, max_keys, q.ptr(), qb, &keys, inp, cache, out)?;
+                self.absorbed(li, w, dims, max_keys, q.ptr(), &qin, &keys, inp, cache, out)?;
             } else {
                 // Mixed batch: the absorbed path runs on its tokens only, compacted.
                 let d = dec.len();
@@ -892,7 +910,7 @@ impl CudaExecutor {
                     &dims_c,
                     lists.max_mqa,
                     qc.ptr(),
-                    None,
+                    &QIn::Rotated(None),
                     &keys,
                     inp.block_tables.ptr(),
                     bt_off.ptr(),
@@ -938,7 +956,7 @@ impl CudaExecutor {
         dims: &AttnDims,
         max_keys: usize,
         q: u64,
-        qb: Option<u64>,
+        qin: &QIn,
         keys: &KeyLists,
         inp: &StepInputs,
         cache: &GpuCache,
@@ -950,7 +968,7 @@ impl CudaExecutor {
             dims,
             max_keys,
             q,
-            qb,
+            qin,
             keys,
             inp.block_tables.ptr(),
             inp.bt_off.ptr(),
@@ -960,10 +978,11 @@ impl CudaExecutor {
         )
     }
 
-    /// Absorbed attention for `dims.t` tokens: q [T, N*(P+R)] f32 (and its bf16 copy `qb`
-    /// where the caller has one) -> q_lat = W_UK·q_nope (strided-batched over heads), the
-    /// split-context decode kernel over the paged cache with its LSE combine, then W_UV·o_lat
-    /// into `out` [T, N*V].
+    /// Absorbed attention for `dims.t` tokens: q [T, N*(P+R)] f32 (`qin`: q_pe rotated or
+    /// not yet, a bf16 copy or not) -> q_lat = W_UK·q_nope per head, the split-context decode
+    /// kernel over the paged cache, its LSE combine, then W_UV·o_lat into `out` [T, N*V] —
+    /// for small steps ([`absorb_fused`]) as 3 launches (mla_absorb.cu), else 5 (cast, cuBLAS
+    /// strided-batched over heads, decode, combine, cuBLAS).
     #[allow(clippy::too_many_arguments)]
     fn absorbed_with(
         &self,
@@ -972,7 +991,7 @@ impl CudaExecutor {
         dims: &AttnDims,
         max_keys: usize,
         q: u64,
-        qb: Option<u64>,
+        qin: &QIn,
         keys: &KeyLists,
         block_tables: u64,
         bt_off: u64,
@@ -984,40 +1003,61 @@ impl CudaExecutor {
         let (t, n, p, r, v, l) = (dims.t, dims.heads, dims.p, dims.r, dims.v, dims.l);
         let qk = p + r;
         let layer_cache = cache.latent.at(li * cache.slots() * (l + r));
-        let owned;
-        let qb = match qb {
-            Some(p) => p,
-            None => {
-                owned = gpu.alloc::<u16>(t * n * qk)?;
-                gpu.to_bf16(q, owned.ptr(), t * n * qk)?;
-                owned.ptr()
-            }
-        };
+        let fused = absorb_fused(dims);
         let q_lat = gpu.alloc::<f32>(t * n * l)?;
-        gpu.gemm(&Gemm {
-            m: t,
-            n: l,
-            k: p,
-            ty: GemmType::Bf16,
-            x: qb,
-            ldx: n * qk,
-            stride_x: qk,
-            w: w.w_uk_t.w.ptr(),
-            ldw: p,
-            stride_w: l * p,
-            out: q_lat.ptr(),
-            ldo: n * l,
-            stride_o: l,
-            batch: n,
-            beta: 0.0,
-        })?;
+        match *qin {
+            QIn::Unrotated { cos, sin } if fused => {
+                gpu.mla_q_absorb(dims, q, w.w_uk_t.w.ptr(), q_lat.ptr(), Some((cos, sin)))?
+            }
+            QIn::Unrotated { .. } => {
+                return Err(CudaError::Invalid(
+                    "absorbed attention: q_pe not rotated on a step too large for the fused \
+                     W_UK"
+                        .into(),
+                ))
+            }
+            QIn::Rotated(_) if fused => {
+                gpu.mla_q_absorb(dims, q, w.w_uk_t.w.ptr(), q_lat.ptr(), None)?
+            }
+            QIn::Rotated(ref qb) => {
+                let owned;
+                let qb = match qb {
+                    Some(b) => b.ptr(),
+                    None => {
+                        owned = gpu.alloc::<u16>(t * n * qk)?;
+                        gpu.to_bf16(q, owned.ptr(), t * n * qk)?;
+                        owned.ptr()
+                    }
+                };
+                gpu.gemm(&Gemm {
+                    m: t,
+                    n: l,
+                    k: p,
+                    ty: GemmType::Bf16,
+                    x: qb,
+                    ldx: n * qk,
+                    stride_x: qk,
+                    w: w.w_uk_t.w.ptr(),
+                    ldw: p,
+                    stride_w: l * p,
+                    out: q_lat.ptr(),
+                    ldo: n * l,
+                    stride_o: l,
+                    batch: n,
+                    beta: 0.0,
+                })?;
+            }
+        }
         // The tensor-core kernel (16, 32 or 64 heads per block) and its measured split rule; it
         // falls back to the CUDA-core kernel for other latent widths, older GPUs or too
         // little shared memory.
         let splits = gpu.mqa_tc_splits(t, n, max_keys, MQA_MAX_SPLITS)?;
         let part = gpu.alloc::<f32>(t * n * splits * l)?;
         let lse = gpu.alloc::<f32>(t * n * splits)?;
-        let o_lat = gpu.alloc::<u16>(t * n * l)?;
+        let o_lat = match fused {
+            true => None,
+            false => Some(gpu.alloc::<u16>(t * n * l)?),
+        };
         gpu.attn_mqa_tc(
             dims,
             q_lat.ptr(),
@@ -1030,11 +1070,16 @@ impl CudaExecutor {
             splits,
             part.ptr(),
             lse.ptr(),
-            o_lat.ptr(),
+            o_lat.as_ref().map_or(0, |o| o.ptr()),
         )?;
         let (ty, out, beta) = match out {
             AttnOut::F32 { ptr, beta } => (GemmType::Bf16, ptr, beta),
             AttnOut::Bf16(ptr) => (GemmType::Bf16Out, ptr, 0.0),
+        };
+        let Some(o_lat) = o_lat else {
+            let (pp, lp, wuv) = (part.ptr(), lse.ptr(), w.w_uv.w.ptr());
+            let bf16 = ty == GemmType::Bf16Out;
+            return gpu.mla_combine_uv(dims, pp, lp, splits, wuv, out, bf16, beta);
         };
         gpu.gemm(&Gemm {
             m: t,

@@ -297,6 +297,9 @@ impl Gpu {
                 scale_log2
             ],
         )?;
+        if o_lat == 0 {
+            return Ok(());
+        }
         let l = d.l as i32;
         self.launch(
             "attn_mqa_combine",

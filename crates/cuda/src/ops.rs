@@ -532,7 +532,8 @@ impl Gpu {
 
     /// Absorbed attention over the paged cache, split over the keys in `splits` parts and
     /// LSE-combined: q_lat [T, N, L] f32, q [T, N*(P+R)] (rope part read), cache [slots, L+R]
-    /// bf16 → o_lat [T, N, L] bf16. `part` [T*N*splits*L] and `lse` [T*N*splits] are scratch.
+    /// bf16 → o_lat [T, N, L] bf16. `part` [T*N*splits*L] and `lse` [T*N*splits] are scratch
+    /// (o_lat 0: no combine; the caller reads them, [`Gpu::mla_combine_uv`]).
     #[allow(clippy::too_many_arguments)]
     pub fn attn_mqa(
         &self,
@@ -585,11 +586,81 @@ impl Gpu {
                 scale
             ],
         )?;
+        if o_lat == 0 {
+            return Ok(());
+        }
         let ns = splits as i32;
         self.launch(
             "attn_mqa_combine",
             Gpu::cfg(grid1(d.t * d.heads), 256),
             &args![part, lse, o_lat, ns, l],
+        )
+    }
+
+    /// The absorbed path's q side in one launch: q_lat [T, N, L] f32 = W_UK_T[h] ·
+    /// bf16(q_nope) per head, w_uk_t [N, L, P] bf16, q [T, N*(P+R)] f32; with `rope` (cos,
+    /// sin [T, R/2]) q_pe is also rotated in place (interleaved pairs, as [`Gpu::rope`]).
+    /// P % 8 == 0, P <= 512.
+    #[allow(clippy::too_many_arguments)]
+    pub fn mla_q_absorb(
+        &self,
+        d: &AttnDims,
+        q: u64,
+        w_uk_t: u64,
+        q_lat: u64,
+        rope: Option<(u64, u64)>,
+    ) -> Result<()> {
+        if d.p % 8 != 0 || d.p > 512 || d.r % 2 != 0 {
+            return Err(CudaError::Invalid(format!(
+                "mla_q_absorb needs qk_nope % 8 == 0, <= 512 and an even rope width, got {} / {}",
+                d.p, d.r
+            )));
+        }
+        let (nh, qk, p, r, l) = (
+            d.heads as i32,
+            (d.p + d.r) as i32,
+            d.p as i32,
+            d.r as i32,
+            d.l as i32,
+        );
+        let (cos, sin) = rope.unwrap_or((0, 0));
+        self.launch(
+            "mla_q_absorb",
+            Gpu::cfg(((d.t * d.heads) as u32, d.l.div_ceil(64) as u32, 1), 256),
+            &args![q, w_uk_t, q_lat, nh, qk, p, r, l, cos, sin],
+        )
+    }
+
+    /// The absorbed path's output side in one launch: the LSE combine of the split decode's
+    /// `part` [T, N, splits, L] / `lse` [T, N, splits] into bf16 o_lat (as the combine of
+    /// [`Gpu::attn_mqa`]), then W_UV[h] · o_lat per head, w_uv [N, V, L] bf16, into out
+    /// [T, N*V]: bf16 rows (`Bf16Out`-like) or f32 (= beta · out + product). L % 8 == 0,
+    /// L <= 1024.
+    #[allow(clippy::too_many_arguments)]
+    pub fn mla_combine_uv(
+        &self,
+        d: &AttnDims,
+        part: u64,
+        lse: u64,
+        splits: usize,
+        w_uv: u64,
+        out: u64,
+        out_bf16: bool,
+        beta: f32,
+    ) -> Result<()> {
+        if d.l % 8 != 0 || d.l > 1024 || splits == 0 {
+            return Err(CudaError::Invalid(format!(
+                "mla_combine_uv needs kv_lora_rank % 8 == 0 and <= 1024 and splits > 0, got {} / \
+                 {splits}",
+                d.l
+            )));
+        }
+        let (ns, l, nh, v) = (splits as i32, d.l as i32, d.heads as i32, d.v as i32);
+        let (ob, of) = if out_bf16 { (out, 0u64) } else { (0u64, out) };
+        self.launch(
+            "mla_combine_uv",
+            Gpu::cfg(((d.t * d.heads) as u32, d.v.div_ceil(16) as u32, 1), 256),
+            &args![part, lse, w_uv, ns, l, nh, v, ob, of, beta],
         )
     }
 
@@ -638,6 +709,28 @@ impl Gpu {
                 mk
             ],
         )
+    }
+}
+
+/// Where the expert table of the fused expert kernels holds shared-expert slices as views
+/// (weights.rs, `GMoe::slices`): entries from id `e_routed` on are slices of one shared MLP of
+/// intermediate `fs` — gate|up entries at the slice's gate row of the shared [2fs, n] (its up
+/// rows `fs` further), down entries at its first column of the shared [rows, fs].
+#[derive(Clone, Copy, Debug)]
+pub struct SliceViews {
+    pub e_routed: usize,
+    pub fs: usize,
+}
+
+impl SliceViews {
+    /// No slices: every id is a routed expert.
+    pub const NONE: SliceViews = SliceViews {
+        e_routed: i32::MAX as usize,
+        fs: 0,
+    };
+
+    fn args(self) -> (i32, i32) {
+        (self.e_routed.min(i32::MAX as usize) as i32, self.fs as i32)
     }
 }
 
@@ -728,8 +821,8 @@ impl Gpu {
     }
 
     /// act[p, i] = bf16(silu(g) * u), g|u = W_{ids[p]} [2f, n] . x[p / x_div, :], for `pairs`
-    /// pairs: [`Gpu::moe_gemv`] over 2f rows then [`Gpu::silu_mul`], bit for bit, in one kernel
-    /// that reads each expert once for all of its pairs.
+    /// pairs: [`Gpu::moe_gemv`] over 2f rows then [`Gpu::silu_mul`], bit for bit, in one
+    /// kernel. Ids from `views.e_routed` on are shared-expert slices ([`SliceViews`]).
     #[allow(clippy::too_many_arguments)]
     pub fn moe_gemv_swiglu(
         &self,
@@ -742,6 +835,7 @@ impl Gpu {
         x_div: usize,
         n: usize,
         f: usize,
+        views: SliceViews,
         act: u64,
     ) -> Result<()> {
         if n % 8 != 0 || x_div == 0 {
@@ -750,18 +844,18 @@ impl Gpu {
             )));
         }
         let (fi, hd, xd, n32, f32_) = (first as i32, held as i32, x_div as i32, n as i32, f as i32);
-        let p32 = pairs as i32;
+        let (er, fs) = views.args();
         self.launch(
             "moe_gemv_swiglu",
             Gpu::cfg((f.div_ceil(8) as u32, pairs as u32, 1), 256),
-            &args![w_ptrs, fi, hd, ids, x, xd, n32, f32_, p32, act],
+            &args![w_ptrs, fi, hd, ids, x, xd, n32, f32_, er, fs, act],
         )
     }
 
     /// x[t, r] += sum_j w[t, j] * (W_{ids[t, j]}[r, :] . act[t*k + j, :]) for `t` tokens of
-    /// `k` slots (t <= 64, t * k <= 256), W bf16 [rows, n]: [`Gpu::moe_gemv`] then
-    /// [`Gpu::moe_combine_pairs`], bit for bit, in one kernel that reads each expert once for
-    /// all of its pairs.
+    /// `k` slots (t * k <= 256), W bf16 [rows, n]: [`Gpu::moe_gemv`] then
+    /// [`Gpu::moe_combine_pairs`], bit for bit, in one kernel. Ids from `views.e_routed` on are
+    /// shared-expert slices ([`SliceViews`]).
     #[allow(clippy::too_many_arguments)]
     pub fn moe_gemv_combine(
         &self,
@@ -775,20 +869,22 @@ impl Gpu {
         w: u64,
         n: usize,
         rows: usize,
+        views: SliceViews,
         x: u64,
     ) -> Result<()> {
-        if n % 8 != 0 || t > 64 || t * k > 256 {
+        if n % 8 != 0 || t * k > 256 {
             return Err(CudaError::Invalid(format!(
-                "moe_gemv_combine needs n % 8 == 0, <= 64 tokens and <= 256 pairs, got n {n}, \
-                 {t} tokens of {k} slots"
+                "moe_gemv_combine needs n % 8 == 0 and <= 256 pairs, got n {n}, {t} tokens of \
+                 {k} slots"
             )));
         }
         let (fi, hd, k32, n32, r32) = (first as i32, held as i32, k as i32, n as i32, rows as i32);
         let t32 = t as i32;
+        let (er, fs) = views.args();
         self.launch(
             "moe_gemv_combine",
-            Gpu::cfg((rows.div_ceil(4) as u32, 1, 1), 256),
-            &args![w_ptrs, fi, hd, ids, act, w, t32, k32, n32, r32, x],
+            Gpu::cfg((rows.div_ceil(8) as u32, 1, 1), 256),
+            &args![w_ptrs, fi, hd, ids, act, w, t32, k32, n32, r32, er, fs, x],
         )
     }
 

@@ -176,22 +176,20 @@ pub struct GMoe {
     /// [E, H] f32 (router logits are computed in f32 like the CPU path).
     pub router: DBuf<f32>,
     pub num_experts: usize,
-    /// `experts[i]` is routed expert `first_expert + i` (all of them unless expert-parallel).
+    /// The first routed expert held (0 unless expert-parallel).
     pub first_expert: usize,
     /// Selection-only bias, applied on the host where routing runs.
     pub correction_bias: Option<Vec<f32>>,
-    /// The routed experts held, then `shared_fused` slices of the shared experts' intermediate
-    /// (each as wide as a routed expert) that every token takes with weight 1.
+    /// `experts[i]` is routed expert `first_expert + i` (all of them unless expert-parallel).
     pub experts: Vec<GMlp>,
-    /// Number of shared-expert slices at the end of `experts` (0: shared kept in `shared`);
-    /// nonzero only for bf16 experts ([`shared_slices`]).
-    pub shared_fused: usize,
-    /// The shared experts as one MLP, where they are not fused into `experts`.
+    /// The shared experts as one MLP (intermediate `shared.f`), if the model has them.
     pub shared: Option<GMlp>,
-    /// Where fused: ids [SHARED_ID_TOKENS * shared_fused] (E + j, token after token) and
-    /// weights 1 of the slices alone, for steps that run them apart from the routed pairs.
-    pub shared_pairs: Option<(DBuf<i32>, DBuf<f32>)>,
-    /// [experts.len()] device pointers of each held expert's gate_up / down (GEMV path).
+    /// Shared-expert slices in the pointer tables after the routed experts (0: none): views
+    /// of `shared` as wide as one routed expert, which the one-token fused expert kernels run
+    /// as `slices` more experts of weight 1 ([`shared_slices`], `ops::SliceViews`).
+    pub slices: usize,
+    /// [experts.len() + slices] device pointers of each held expert's gate_up / down, then of
+    /// the slice views (GEMV paths).
     pub gate_up_ptrs: DBuf<u64>,
     pub down_ptrs: DBuf<u64>,
     /// The block type of every routed expert's gate_up / down (None: bf16).
@@ -274,26 +272,30 @@ fn indexer(up: Up, w: &IndexerWeights) -> Result<GIndexer> {
     })
 }
 
-/// Most tokens [`GMoe::shared_pairs`] covers.
-pub const SHARED_ID_TOKENS: usize = 64;
-
-/// Whether shared experts become routed-expert entries (`MLASERVE_FUSE_SHARED`, default on).
+/// Whether shared experts run as slices in the one-token expert kernels
+/// (`MLASERVE_FUSE_SHARED`, default on).
 fn fuse_shared() -> bool {
     std::env::var("MLASERVE_FUSE_SHARED").map_or(true, |v| v != "0")
 }
 
-/// The shared experts of `m` cut into slices as wide as one routed expert (slice j: rows
-/// j*F..(j+1)*F of gate and up, the same columns of down), so each runs as one more expert
-/// taken by every token with weight 1 — SwiGLU is elementwise in the intermediate and down
-/// sums over it, so the slices add up to the shared MLP. None where that does not hold
-/// exactly: expert-parallel shards (ids of other ranks' experts would alias the slices), a
-/// width that is not a multiple, or a slice that would be stored in another block type than
-/// the routed experts (one kernel serves every entry) — and where the experts stay quantized.
+/// How many slices as wide as one routed expert the shared experts of `m` make (slice j: rows
+/// j*F..(j+1)*F of gate and up, the same columns of down; SwiGLU is elementwise in the
+/// intermediate and down sums over it, so the slices add up to the shared MLP), each run as
+/// one more expert taken by every token with weight 1. 0 where that does not hold exactly or
+/// the kernels cannot read the slices in place: expert-parallel shards (ids of other ranks'
+/// experts would alias the slices), a width that is not a multiple, other shapes than the
+/// routed experts', or weights kept in GGUF blocks (the views are of bf16 rows; the int8
+/// GEMV over pairs would also read a slice once a pair).
 #[allow(clippy::manual_is_multiple_of)] // MSRV 1.85
-fn shared_slices(m: &Moe, keeps: &dyn Fn(&QMatrix) -> Option<QType>) -> Option<Vec<Mlp>> {
-    let (sh, e0) = (m.shared.as_ref()?, m.experts.first()?);
+fn shared_slices(m: &Moe, keeps: &dyn Fn(&QMatrix) -> Option<QType>) -> usize {
+    let (Some(sh), Some(e0)) = (m.shared.as_ref(), m.experts.first()) else {
+        return 0;
+    };
     let f = e0.gate.rows;
     let fs = sh.gate.rows;
+    let bf16 = [&e0.gate, &e0.up, &e0.down, &sh.gate, &sh.up, &sh.down]
+        .iter()
+        .all(|q| keeps(q).is_none());
     if m.first_expert != 0
         || m.experts.len() != m.router.rows
         || f == 0
@@ -302,49 +304,21 @@ fn shared_slices(m: &Moe, keeps: &dyn Fn(&QMatrix) -> Option<QType>) -> Option<V
         || sh.down.cols != fs
         || sh.gate.cols != e0.gate.cols
         || sh.down.rows != e0.down.rows
+        || !bf16
     {
-        return None;
+        return 0;
     }
-    let gu_ty = |g: &QMatrix, u: &QMatrix| match (keeps(g), keeps(u)) {
-        (Some(a), Some(b)) if a == b => Some(a),
-        _ => None,
-    };
-    // bf16 experts only: the fused expert kernels read an expert once for all the tokens
-    // that chose it, but the int8 GEMV over pairs reads it once a pair, and the shared
-    // slices are one pair a token (V2-Lite Q4_K, session 7: 2% slower at 1 and 4 tokens).
-    let want = (gu_ty(&e0.gate, &e0.up), keeps(&e0.down));
-    if want != (None, None) {
-        return None;
-    }
-    let slices: Vec<Mlp> = (0..fs / f)
-        .map(|j| Mlp {
-            gate: sh.gate.rows_slice(j * f, f),
-            up: sh.up.rows_slice(j * f, f),
-            down: mlaserve_model::parallel::shard::cols_slice(
-                &sh.down,
-                j * f..(j + 1) * f,
-                "ffn_down_shexp",
-            ),
-        })
-        .collect();
-    slices
-        .iter()
-        .all(|s| (gu_ty(&s.gate, &s.up), keeps(&s.down)) == want)
-        .then_some(slices)
+    fs / f
 }
 
 fn moe(up: Up, m: &Moe) -> Result<GMoe> {
     let gpu = up.gpu;
-    let slices = fuse_shared()
-        .then(|| shared_slices(m, &|q| up.keeps(q)))
-        .flatten();
-    let shared_fused = slices.as_ref().map_or(0, Vec::len);
     let experts: Vec<GMlp> = m
         .experts
         .iter()
-        .chain(slices.iter().flatten())
         .map(|e| mlp(up, e))
         .collect::<Result<_>>()?;
+    let shared = m.shared.as_ref().map(|s| mlp(up, s)).transpose()?;
     let kind = |f: fn(&GMlp) -> &GLinear| experts.first().and_then(|e| f(e).qtype());
     let (gate_up_ty, down_ty) = (kind(|e| &e.gate_up), kind(|e| &e.down));
     if experts
@@ -355,8 +329,19 @@ fn moe(up: Up, m: &Moe) -> Result<GMoe> {
             "routed experts of one layer stored in different block types".into(),
         ));
     }
-    let gu: Vec<u64> = experts.iter().map(|e| e.gate_up.ptr()).collect();
-    let dn: Vec<u64> = experts.iter().map(|e| e.down.ptr()).collect();
+    let mut gu: Vec<u64> = experts.iter().map(|e| e.gate_up.ptr()).collect();
+    let mut dn: Vec<u64> = experts.iter().map(|e| e.down.ptr()).collect();
+    let mut slices = 0;
+    if let (true, Some(sh), Some(e0)) = (fuse_shared(), &shared, experts.first()) {
+        if let (GLinear::Bf16(g), GLinear::Bf16(d)) = (&sh.gate_up, &sh.down) {
+            slices = shared_slices(m, &|q| up.keeps(q));
+            let (f, h) = (e0.f, g.cols);
+            for j in 0..slices {
+                gu.push(g.w.at(j * f * h));
+                dn.push(d.w.at(j * f));
+            }
+        }
+    }
     Ok(GMoe {
         router: gpu.upload(&m.router.to_f32())?,
         num_experts: m.router.rows,
@@ -371,21 +356,9 @@ fn moe(up: Up, m: &Moe) -> Result<GMoe> {
         down_ptrs: gpu.upload(&dn)?,
         gate_up_ty,
         down_ty,
-        shared_pairs: match shared_fused {
-            0 => None,
-            s => {
-                let ids: Vec<i32> = (0..SHARED_ID_TOKENS * s)
-                    .map(|i| (m.router.rows + i % s) as i32)
-                    .collect();
-                Some((gpu.upload(&ids)?, gpu.upload(&vec![1f32; ids.len()])?))
-            }
-        },
         experts,
-        shared_fused,
-        shared: match shared_fused {
-            0 => m.shared.as_ref().map(|s| mlp(up, s)).transpose()?,
-            _ => None,
-        },
+        shared,
+        slices,
     })
 }
 
@@ -482,24 +455,6 @@ mod tests {
         }
     }
 
-    /// down · (silu(gate · x) * (up · x)) in f64 of the stored (dequantized) weights.
-    fn swiglu(m: &Mlp, x: &[f32]) -> Vec<f64> {
-        let (g, u, d) = (m.gate.to_f32(), m.up.to_f32(), m.down.to_f32());
-        let (f, h) = (m.gate.rows, m.gate.cols);
-        let dot = |w: &[f32], r: usize| -> f64 {
-            (0..h).map(|c| w[r * h + c] as f64 * x[c] as f64).sum()
-        };
-        let act: Vec<f64> = (0..f)
-            .map(|i| {
-                let (gv, uv) = (dot(&g, i), dot(&u, i));
-                gv / (1.0 + (-gv).exp()) * uv
-            })
-            .collect();
-        (0..h)
-            .map(|r| (0..f).map(|i| d[r * f + i] as f64 * act[i]).sum())
-            .collect()
-    }
-
     fn moe(ty: GgmlType, sh_ty: GgmlType, f: usize, fs: usize, h: usize) -> Moe {
         Moe {
             router: mat(GgmlType::F32, 4, h, 1),
@@ -514,46 +469,28 @@ mod tests {
         QType::from_ggml(m.ty).filter(|t| m.cols % t.block_values() == 0)
     }
 
-    /// The slices add up to the shared MLP (f32 and bf16 storage), and are refused where they
-    /// would not be exact, not share the routed experts' kind, or be quantized.
+    /// The shared MLP is cut into slices only where they are exact and readable in place:
+    /// bf16 storage (f32 uploads as bf16), a width that is a multiple of the experts', not in
+    /// GGUF blocks, not an expert-parallel shard. (The slices summing to the shared MLP is
+    /// checked on the GPU: tests/ops.rs, moe_gemv_swiglu/combine with slice views.)
     #[test]
-    fn shared_slices_sum_to_the_shared_mlp() {
+    fn shared_slices_only_where_exact() {
         for (ty, f, fs, h) in [(GgmlType::F32, 8, 24, 16), (GgmlType::BF16, 64, 128, 64)] {
-            let m = moe(ty, ty, f, fs, h);
-            let slices = shared_slices(&m, &keeps_q8).expect("slices");
-            assert_eq!(slices.len(), fs / f);
-            for s in &slices {
-                assert_eq!((s.gate.rows, s.down.cols, s.down.ty), (f, f, ty));
-            }
-            let x = rand(h, 7);
-            let want = swiglu(m.shared.as_ref().unwrap(), &x);
-            let mut got = vec![0f64; h];
-            for s in &slices {
-                for (g, v) in got.iter_mut().zip(swiglu(s, &x)) {
-                    *g += v;
-                }
-            }
-            let err = got
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f64::max);
-            assert!(
-                err < 1e-9,
-                "{ty:?}: slices differ from the shared MLP by {err}"
-            );
+            assert_eq!(shared_slices(&moe(ty, ty, f, fs, h), &keeps_q8), fs / f);
         }
         // A shared width that is not a multiple of the expert width.
-        assert!(shared_slices(&moe(GgmlType::F32, GgmlType::F32, 8, 20, 16), &keeps_q8).is_none());
-        // Shared experts in another block type than the routed ones, and quantized experts
-        // (kept in blocks: the int8 GEMV would read a shared slice once a token).
+        assert_eq!(
+            shared_slices(&moe(GgmlType::F32, GgmlType::F32, 8, 20, 16), &keeps_q8),
+            0
+        );
+        // Routed or shared experts kept in blocks.
         let m = moe(GgmlType::Q8_0, GgmlType::F32, 64, 128, 64);
-        assert!(shared_slices(&m, &keeps_q8).is_none());
-        let m = moe(GgmlType::Q8_0, GgmlType::Q8_0, 64, 128, 64);
-        assert!(shared_slices(&m, &keeps_q8).is_none());
+        assert_eq!(shared_slices(&m, &keeps_q8), 0);
+        let m = moe(GgmlType::F32, GgmlType::Q8_0, 64, 128, 64);
+        assert_eq!(shared_slices(&m, &keeps_q8), 0);
         // Expert-parallel shard: other ranks' ids would alias the slices.
         let mut m = moe(GgmlType::F32, GgmlType::F32, 8, 16, 16);
         m.first_expert = 4;
-        assert!(shared_slices(&m, &keeps_q8).is_none());
+        assert_eq!(shared_slices(&m, &keeps_q8), 0);
     }
 }

@@ -11,7 +11,7 @@
 use mlaserve_backend::{rms_norm, silu_mul};
 use mlaserve_cuda::flash_attn::{fa_all_variants, fa_tiles, FaVariant};
 use mlaserve_cuda::moe_grouped::moe_tile_rows;
-use mlaserve_cuda::ops::{AttnDims, Gemm, GemmType, KeyLists};
+use mlaserve_cuda::ops::{AttnDims, Gemm, GemmType, KeyLists, SliceViews};
 use mlaserve_cuda::{DBuf, Gpu};
 use mlaserve_model::layers::attention::attend;
 use mlaserve_model::layers::dsa::top_k;
@@ -1289,6 +1289,7 @@ fn op_table_against_cpu() {
     elementwise(&gpu, &mut rng, &mut rep);
     attention(&gpu, &mut rng, &mut rep);
     attention_tc(&gpu, &mut rng, &mut rep);
+    absorb(&gpu, &mut rng, &mut rep);
     moe(&gpu, &mut rng, &mut rep);
     moe_grouped(&gpu, &mut rng, &mut rep);
     quantized(&gpu, &mut rng, &mut rep);
@@ -1314,6 +1315,180 @@ fn driver_version() -> String {
 
 /// GPU routing against the CPU `route` (ids exact, weights f32) for softmax/sigmoid, groups,
 /// bias, norm; the expert GEMV over (token, slot) pairs and its combine against host math.
+/// The fused absorbed projections (mla_absorb.cu) against the CPU: `mla_q_absorb` (q_lat =
+/// W_UK_T[h] · bf16(q_nope) in f64; q_pe rotated as rope_interleaved; q_nope untouched; with
+/// and without the rotation) and `mla_combine_uv` (o_lat from the LSE combine of split
+/// partials, an empty split among them, rounded to bf16, then W_UV[h] · o_lat in f64; f32
+/// with beta 0 and 0.5, and bf16 rows). Outputs NaN-poisoned; V2-Lite's head shape, 3 tokens.
+fn absorb(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
+    let (t, n, p, r, l, v) = (3usize, 4usize, 128usize, 64usize, 512usize, 128usize);
+    let qk = p + r;
+    let dims = AttnDims {
+        t,
+        heads: n,
+        p,
+        r,
+        v,
+        l,
+        scale: 0.1,
+    };
+    let q = rng.vec(t * n * qk, 1.0);
+    let w_uk = round_bf(&rng.vec(n * l * p, 0.1));
+    let (cos, sin): (Vec<f32>, Vec<f32>) = (0..t * r / 2)
+        .map(|i| ((i as f32 * 0.37).cos(), (i as f32 * 0.37).sin()))
+        .unzip();
+    let up = |x: &[f32]| {
+        gpu.upload(&x.iter().map(|&v| bf(v)).collect::<Vec<_>>())
+            .unwrap()
+    };
+    let (wd, cd, sd) = (
+        up(&w_uk),
+        gpu.upload(&cos).unwrap(),
+        gpu.upload(&sin).unwrap(),
+    );
+    let mut want_lat = vec![0f32; t * n * l];
+    for ti in 0..t {
+        for h in 0..n {
+            let qn = round_bf(&q[(ti * n + h) * qk..(ti * n + h) * qk + p]);
+            for row in 0..l {
+                let wr = &w_uk[(h * l + row) * p..(h * l + row + 1) * p];
+                let d: f64 = wr.iter().zip(&qn).map(|(&a, &b)| a as f64 * b as f64).sum();
+                want_lat[(ti * n + h) * l + row] = d as f32;
+            }
+        }
+    }
+    let mut want_q = q.clone();
+    for ti in 0..t {
+        for h in 0..n {
+            for i in 0..r / 2 {
+                let o = (ti * n + h) * qk + p + 2 * i;
+                let (c, s) = (cos[ti * r / 2 + i], sin[ti * r / 2 + i]);
+                let (x0, x1) = (q[o], q[o + 1]);
+                want_q[o] = x0 * c - x1 * s;
+                want_q[o + 1] = x0 * s + x1 * c;
+            }
+        }
+    }
+    for rope in [true, false] {
+        let qd = gpu.upload(&q).unwrap();
+        let lat = poisoned::<f32>(gpu, t * n * l);
+        let rp = rope.then(|| (cd.ptr(), sd.ptr()));
+        gpu.mla_q_absorb(&dims, qd.ptr(), wd.ptr(), lat.ptr(), rp)
+            .unwrap();
+        let shape = format!("T{t} N{n} P{p} R{r} L{l} rope {rope}");
+        let got = gpu.to_host(&lat).unwrap();
+        rep.check(
+            "mla_q_absorb",
+            shape.clone(),
+            "bf16>f32",
+            rel_err(&got, &want_lat),
+            1e-5,
+        );
+        let gq = gpu.to_host(&qd).unwrap();
+        let wq = if rope { &want_q } else { &q };
+        rep.check("mla_q_absorb q", shape, "f32", rel_err(&gq, wq), 1e-6);
+    }
+    // combine + W_UV
+    let ns = 5usize;
+    let part = rng.vec(t * n * ns * l, 1.0);
+    let mut lse = rng.vec(t * n * ns, 3.0);
+    lse[1] = f32::NEG_INFINITY; // an empty split
+    let w_uv = round_bf(&rng.vec(n * v * l, 0.1));
+    let (pd, ld, wvd) = (
+        gpu.upload(&part).unwrap(),
+        gpu.upload(&lse).unwrap(),
+        up(&w_uv),
+    );
+    let mut o_lat = vec![0f32; t * n * l];
+    for th in 0..t * n {
+        let ls = &lse[th * ns..(th + 1) * ns];
+        let mx = ls.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let e: Vec<f32> = ls
+            .iter()
+            .map(|&x| {
+                if x == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    (x - mx).exp()
+                }
+            })
+            .collect();
+        let den: f32 = e.iter().sum();
+        for d in 0..l {
+            let x: f32 = (0..ns).map(|s| e[s] * part[(th * ns + s) * l + d]).sum();
+            o_lat[th * l + d] = unbf(bf(x / den));
+        }
+    }
+    let mut prod = vec![0f32; t * n * v];
+    for th in 0..t * n {
+        let h = th % n;
+        for row in 0..v {
+            let wr = &w_uv[(h * v + row) * l..(h * v + row + 1) * l];
+            let ol = &o_lat[th * l..(th + 1) * l];
+            let d: f64 = wr.iter().zip(ol).map(|(&a, &b)| a as f64 * b as f64).sum();
+            prod[th * v + row] = d as f32;
+        }
+    }
+    let shape = format!("T{t} N{n} splits {ns} L{l} V{v}");
+    for beta in [0.0f32, 0.5] {
+        let init = rng.vec(t * n * v, 1.0);
+        let od = if beta == 0.0 {
+            poisoned::<f32>(gpu, t * n * v)
+        } else {
+            gpu.upload(&init).unwrap()
+        };
+        gpu.mla_combine_uv(
+            &dims,
+            pd.ptr(),
+            ld.ptr(),
+            ns,
+            wvd.ptr(),
+            od.ptr(),
+            false,
+            beta,
+        )
+        .unwrap();
+        let want: Vec<f32> = (0..t * n * v)
+            .map(|i| {
+                if beta == 0.0 {
+                    prod[i]
+                } else {
+                    beta * init[i] + prod[i]
+                }
+            })
+            .collect();
+        let got = gpu.to_host(&od).unwrap();
+        let name = format!("{shape} beta {beta}");
+        rep.check(
+            "mla_combine_uv",
+            name,
+            "bf16>f32",
+            rel_err(&got, &want),
+            1e-4,
+        );
+    }
+    let ob = poisoned::<u16>(gpu, t * n * v);
+    gpu.mla_combine_uv(
+        &dims,
+        pd.ptr(),
+        ld.ptr(),
+        ns,
+        wvd.ptr(),
+        ob.ptr(),
+        true,
+        0.0,
+    )
+    .unwrap();
+    let got: Vec<f32> = gpu.to_host(&ob).unwrap().iter().map(|&b| unbf(b)).collect();
+    rep.check(
+        "mla_combine_uv",
+        shape,
+        "bf16>bf16",
+        rel_err(&got, &prod),
+        8e-3,
+    );
+}
+
 fn moe(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     use mlaserve_cuda::ops::RouteCfg;
     use mlaserve_model::layers::ffn::route;
@@ -1489,9 +1664,8 @@ fn moe(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     // SwiGLU epilogue (each expert read as [2f, n], f = rows / 2) against moe_gemv over the
     // 2f rows + silu_mul; down with the combine epilogue (experts [rows, n], act [pairs, n])
     // against moe_gemv + moe_combine_pairs. Expert 1 is not held: its pairs give zeros. The
-    // id sets have experts taken by several tokens (each read once for all of them): two of
-    // three tokens, every token (like shared slices), and six tokens of one slot (more pairs
-    // an expert than the kernels take at once).
+    // id sets: three tokens of two slots, experts taken by several tokens, six tokens of one
+    // slot (each pair reads its expert).
     let f = rows / 2;
     let sets: [(usize, usize, Vec<i32>); 3] = [
         (t, k, ids.clone()),
@@ -1520,6 +1694,7 @@ fn moe(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             k,
             n,
             f,
+            SliceViews::NONE,
             act_fused.ptr(),
         )
         .unwrap();
@@ -1564,6 +1739,7 @@ fn moe(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 wd.ptr(),
                 n,
                 rc,
+                SliceViews::NONE,
                 xb.ptr(),
             )
             .unwrap();
@@ -1582,6 +1758,131 @@ fn moe(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             );
         }
     }
+    moe_slices(gpu, rng, rep);
+}
+
+/// The one-token fused expert kernels with shared-expert slices read in place (views into the
+/// shared MLP's gate|up [2fs, H] and down [H, fs], `SliceViews`): the SwiGLU rows of a slice
+/// bit for bit those of the shared MLP run as one expert (moe_gemv over 2fs rows + silu_mul),
+/// and the combine against routed + shared MLP in f64 (the slices sum their parts apart).
+fn moe_slices(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
+    let (h, f, fs, e) = (256usize, 64usize, 128usize, 4usize);
+    let up = |v: &[f32]| {
+        gpu.upload(&v.iter().map(|&x| bf(x)).collect::<Vec<_>>())
+            .unwrap()
+    };
+    let gus: Vec<Vec<f32>> = (0..e).map(|_| round_bf(&rng.vec(2 * f * h, 0.1))).collect();
+    let dns: Vec<Vec<f32>> = (0..e).map(|_| round_bf(&rng.vec(h * f, 0.1))).collect();
+    let (sh_gu, sh_dn) = (
+        round_bf(&rng.vec(2 * fs * h, 0.1)),
+        round_bf(&rng.vec(h * fs, 0.1)),
+    );
+    let (gu_d, dn_d): (Vec<_>, Vec<_>) = (
+        gus.iter().map(|w| up(w)).collect(),
+        dns.iter().map(|w| up(w)).collect(),
+    );
+    let (sgu, sdn) = (up(&sh_gu), up(&sh_dn));
+    let slices = fs / f;
+    let mut gu_ptrs: Vec<u64> = gu_d.iter().map(|b| b.ptr()).collect();
+    let mut dn_ptrs: Vec<u64> = dn_d.iter().map(|b| b.ptr()).collect();
+    for j in 0..slices {
+        gu_ptrs.push(sgu.at(j * f * h));
+        dn_ptrs.push(sdn.at(j * f));
+    }
+    let (gup, dnp) = (gpu.upload(&gu_ptrs).unwrap(), gpu.upload(&dn_ptrs).unwrap());
+    let ids: Vec<i32> = vec![1, 3, 4, 5];
+    let k = ids.len();
+    let wts = vec![0.7f32, -0.4, 1.0, 1.0];
+    let x = round_bf(&rng.vec(h, 1.0));
+    let (idd, xd, wd) = (gpu.upload(&ids).unwrap(), up(&x), gpu.upload(&wts).unwrap());
+    let views = SliceViews { e_routed: e, fs };
+    let held = e + slices;
+    let act = poisoned::<u16>(gpu, k * f);
+    gpu.moe_gemv_swiglu(
+        k,
+        gup.ptr(),
+        0,
+        held,
+        idd.ptr(),
+        xd.ptr(),
+        k,
+        h,
+        f,
+        views,
+        act.ptr(),
+    )
+    .unwrap();
+    let act_h = gpu.to_host(&act).unwrap();
+    // The shared MLP as one expert of width fs.
+    let one = gpu.upload(&[sgu.ptr()]).unwrap();
+    let zero = gpu.upload(&[0i32]).unwrap();
+    let gu_sh = poisoned::<f32>(gpu, 2 * fs);
+    gpu.moe_gemv(
+        1,
+        one.ptr(),
+        0,
+        1,
+        zero.ptr(),
+        xd.ptr(),
+        1,
+        h,
+        2 * fs,
+        gu_sh.ptr(),
+    )
+    .unwrap();
+    let act_sh = poisoned::<u16>(gpu, fs);
+    gpu.silu_mul(gu_sh.ptr(), act_sh.ptr(), fs, 1).unwrap();
+    let act_sh = gpu.to_host(&act_sh).unwrap();
+    let mism = (0..slices)
+        .flat_map(|j| (0..f).map(move |i| (j, i)))
+        .filter(|&(j, i)| act_h[(2 + j) * f + i] != act_sh[j * f + i])
+        .count();
+    rep.check(
+        "moe_gemv_swiglu",
+        format!("slices {slices} of fs{fs} (views) f{f} n{h} vs shared MLP"),
+        "bf16",
+        mism as f64,
+        0.0,
+    );
+    let x0 = rng.vec(h, 1.0);
+    let xo = gpu.upload(&x0).unwrap();
+    gpu.moe_gemv_combine(
+        1,
+        k,
+        dnp.ptr(),
+        0,
+        held,
+        idd.ptr(),
+        act.ptr(),
+        wd.ptr(),
+        f,
+        h,
+        views,
+        xo.ptr(),
+    )
+    .unwrap();
+    let got = gpu.to_host(&xo).unwrap();
+    let a = |i: usize| unbf(act_h[i]) as f64;
+    let want: Vec<f32> = (0..h)
+        .map(|r| {
+            let mut v = x0[r] as f64;
+            for (slot, &ex) in ids[..2].iter().enumerate() {
+                let d = &dns[ex as usize];
+                let dot: f64 = (0..f).map(|i| d[r * f + i] as f64 * a(slot * f + i)).sum();
+                v += wts[slot] as f64 * dot;
+            }
+            v + (0..fs)
+                .map(|i| sh_dn[r * fs + i] as f64 * unbf(act_sh[i]) as f64)
+                .sum::<f64>()
+        } as f32)
+        .collect();
+    rep.check(
+        "moe_gemv_combine",
+        format!("slices {slices} of fs{fs} (views) rows{h} vs routed + shared MLP"),
+        "f32",
+        rel_err(&got, &want),
+        1e-5,
+    );
 }
 
 /// Grouped expert GEMM over pairs sorted on the GPU (`mlaserve_cuda::moe_grouped`): the sort

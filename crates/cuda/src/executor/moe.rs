@@ -8,19 +8,19 @@
 //!   expert order, two cuBLAS GEMMs per active expert.
 //!
 //! The first two read nothing back to the host, so decode steps using them can be graphed.
-//! Shared experts are, where their shapes allow (weights.rs, `shared_fused`), slices at the
-//! end of the expert table that every token takes with weight 1 — `slots` (top-k + slices)
-//! pairs a token, one set of launches for both; else one MLP added after any of the three.
-//! Bf16 experts on the GEMV path run as two kernels: gate|up with the SwiGLU in its epilogue,
-//! down with the weighted combine into the residual in its epilogue.
+//! The shared experts run as one MLP after any of the three — except for one token of bf16
+//! experts, where they are, where their shapes allow (weights.rs, `GMoe::slices`), slices of
+//! the expert table that the token takes with weight 1, and the whole FFN is two kernels:
+//! gate|up with the SwiGLU in its epilogue, down with the weighted combine into the residual
+//! in its epilogue.
 
 use super::{linear, CudaExecutor};
 use crate::error::{CudaError, Result};
 use crate::gpu::{DBuf, Gpu};
 use crate::moe_grouped::MOE_SORT_MAX_PAIRS;
-use crate::ops::{Gemm, GemmType, RouteCfg};
+use crate::ops::{Gemm, GemmType, RouteCfg, SliceViews};
 use crate::qgemv::QType;
-use crate::weights::{GMoe, SHARED_ID_TOKENS};
+use crate::weights::GMoe;
 use mlaserve_model::layers::ffn::route;
 use mlaserve_model::{ModelConfig, MoeConfig};
 
@@ -34,7 +34,7 @@ const MOE_GROUPED_MAX_TOKENS: usize = 4096;
 /// GEMV's 16-byte loads and the routing kernel's shared arrays; other shapes gather + GEMM.
 pub(super) fn moe_gemv_ok(m: &GMoe, cfg: &ModelConfig) -> bool {
     let groups = cfg.moe.as_ref().map_or(1, |mc| mc.n_group);
-    let slots = cfg.moe.as_ref().map_or(1, |mc| slots(m, mc));
+    let slots = cfg.moe.as_ref().map_or(1, |mc| mc.top_k + m.slices);
     let quantized_k_ok =
         |ty: Option<crate::qgemv::QType>, k: usize| ty.is_none() || k <= crate::qgemv::QMV_MAX_K;
     !m.experts.is_empty()
@@ -55,18 +55,13 @@ pub(super) fn moe_gpu_max_tokens(gpu: &Gpu, m: &GMoe, cfg: &ModelConfig) -> usiz
     if !moe_gemv_ok(m, cfg) {
         return 0;
     }
-    let k = cfg.moe.as_ref().map_or(1, |mc| slots(m, mc)).max(1);
+    let k = cfg.moe.as_ref().map_or(1, |mc| mc.top_k).max(1);
     let grouped = std::env::var("MLASERVE_MOE_GROUPED").map_or(true, |v| v != "0");
     if grouped && gpu.has_flash_attn() && m.experts.len() <= 1024 {
         MOE_GROUPED_MAX_TOKENS.min(MOE_SORT_MAX_PAIRS / k)
     } else {
         MOE_GEMV_MAX_TOKENS
     }
-}
-
-/// Pairs a token takes: its top-k routed experts, then the fused shared-expert slices.
-fn slots(m: &GMoe, mc: &MoeConfig) -> usize {
-    mc.top_k + m.shared_fused
 }
 
 impl CudaExecutor {
@@ -98,17 +93,19 @@ impl CudaExecutor {
             logits.ptr(),
         ))?;
         let gpu_max = self.moe_gpu_max;
-        if t <= MOE_GEMV_MAX_TOKENS && gpu_max > 0 {
-            self.moe_small(m, mc, t, &logits, hnb, out)?;
+        let shared_done = if t <= MOE_GEMV_MAX_TOKENS && gpu_max > 0 {
+            self.moe_small(m, mc, t, &logits, hnb, out)?
         } else if t <= gpu_max {
             self.moe_grouped(m, mc, t, &logits, hnb, out)?;
+            false
         } else {
             self.moe_host(m, mc, t, &logits, hnb, out)?;
+            false
+        };
+        match &m.shared {
+            Some(sh) if !shared_done => self.mlp(sh, t, hnb.ptr(), out),
+            _ => Ok(()),
         }
-        if let Some(sh) = &m.shared {
-            self.mlp(sh, t, hnb.ptr(), out)?;
-        }
-        Ok(())
     }
 
     /// Routing on the host with the CPU's `route`, rows gathered in expert order, two cuBLAS
@@ -123,11 +120,10 @@ impl CudaExecutor {
         out: u64,
     ) -> Result<()> {
         let gpu = &self.gpu;
-        let (h, e, k) = (self.model.config().hidden_size, m.num_experts, slots(m, mc));
+        let (h, e, k) = (self.model.config().hidden_size, m.num_experts, mc.top_k);
         let logits = gpu.to_host(logits)?;
-        // Rows grouped by expert: rows_of[e] = (token, slot j in its top-k, then the shared
-        // slices E + s at slots top_k + s with weight 1).
-        let mut by_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e + m.shared_fused];
+        // Rows grouped by expert: rows_of[e] = (token, slot j in its top-k).
+        let mut by_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e];
         let mut weights = vec![0f32; t * k];
         for ti in 0..t {
             let (idx, w) = route(
@@ -135,9 +131,7 @@ impl CudaExecutor {
                 &logits[ti * e..(ti + 1) * e],
                 m.correction_bias.as_deref(),
             );
-            let shared = (e..e + m.shared_fused).map(|ei| (ei, 1.0));
-            let all = idx.iter().copied().zip(w.iter().copied()).chain(shared);
-            for (j, (ei, wi)) in all.enumerate() {
+            for (j, (&ei, &wi)) in idx.iter().zip(&w).enumerate() {
                 by_expert[ei].push((ti, j));
                 weights[ti * k + j] = wi;
             }
@@ -192,13 +186,9 @@ impl CudaExecutor {
         out: u64,
     ) -> Result<()> {
         let gpu = &self.gpu;
-        let (h, k, f) = (
-            self.model.config().hidden_size,
-            slots(m, mc),
-            m.experts[0].f,
-        );
+        let (h, k, f) = (self.model.config().hidden_size, mc.top_k, m.experts[0].f);
         let pairs = t * k;
-        let (ids, w) = self.route_on_gpu(m, mc, t, logits, m.shared_fused)?;
+        let (ids, w) = self.route_on_gpu(m, mc, t, logits, 0)?;
         let sorted = gpu.moe_sort(pairs, ids.ptr(), m.first_expert, m.experts.len())?;
         let gu = gpu.alloc::<f32>(pairs * 2 * f)?;
         let (gate_up, down) = (m.gate_up_ptrs.ptr(), m.down_ptrs.ptr());
@@ -254,12 +244,13 @@ impl CudaExecutor {
     }
 
     /// Small batches: routing on the GPU and one expert-GEMV launch per projection over all
-    /// (token, slot) pairs — no host round trip, no launch per expert. Bf16 experts: one
-    /// token runs routed and shared slices together through the two fused kernels (gate|up
-    /// with the SwiGLU epilogue, down with the combine epilogue), which read each expert once
-    /// for all its pairs; more tokens run the routed pairs through the per-pair GEMV (more
-    /// warps, more loads in flight: the fused down kernel streamed 2.1 TB/s at 4 tokens) and
-    /// the shared slices, each read once for all tokens, through the fused kernels.
+    /// (token, slot) pairs — no host round trip, no launch per expert. Returns whether the
+    /// shared experts were computed too. Bf16 experts of one token: routed pairs and shared
+    /// slices through the two fused kernels (SwiGLU and combine in their epilogues); more
+    /// tokens of bf16 experts up to `MLASERVE_MOE_FUSED_TOKENS` (default one) the routed
+    /// pairs alone on them. Else the per-pair GEMV chain, x quantized to int8 in each block
+    /// for quantized experts (qgemv.rs). Both read an expert once a pair, so the shared
+    /// experts of several tokens (every token's) run apart, read once.
     fn moe_small(
         &self,
         m: &GMoe,
@@ -268,25 +259,43 @@ impl CudaExecutor {
         logits: &DBuf<f32>,
         hnb: &DBuf<u16>,
         out: u64,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let gpu = &self.gpu;
         let (h, f) = (self.model.config().hidden_size, m.experts[0].f);
-        let held = m.experts.len();
         let (gate_up, down) = (m.gate_up_ptrs.ptr(), m.down_ptrs.ptr());
         let first = m.first_expert;
         let bf16 = m.gate_up_ty.is_none() && m.down_ty.is_none();
-        if bf16 && t == 1 {
-            let k = slots(m, mc);
-            let (ids, w) = self.route_on_gpu(m, mc, t, logits, m.shared_fused)?;
-            let act = gpu.alloc::<u16>(k * f)?;
+        if bf16 && t <= fused_tokens() {
+            let s = if t == 1 { m.slices } else { 0 };
+            let k = mc.top_k + s;
+            let (held, pairs) = (m.experts.len() + s, t * k);
+            let views = match (s, &m.shared) {
+                (1.., Some(sh)) => SliceViews {
+                    e_routed: m.num_experts,
+                    fs: sh.f,
+                },
+                _ => SliceViews::NONE,
+            };
+            let (ids, w) = self.route_on_gpu(m, mc, t, logits, s)?;
+            let act = gpu.alloc::<u16>(pairs * f)?;
             let (ip, ap) = (ids.ptr(), act.ptr());
-            gpu.moe_gemv_swiglu(k, gate_up, first, held, ip, hnb.ptr(), k, h, f, ap)?;
-            return gpu.moe_gemv_combine(t, k, down, first, held, ip, ap, w.ptr(), f, h, out);
+            gpu.moe_gemv_swiglu(
+                pairs,
+                gate_up,
+                first,
+                held,
+                ip,
+                hnb.ptr(),
+                k,
+                h,
+                f,
+                views,
+                ap,
+            )?;
+            gpu.moe_gemv_combine(t, k, down, first, held, ip, ap, w.ptr(), f, h, views, out)?;
+            return Ok(s > 0);
         }
-        // The routed pairs (shared slices exist only for bf16 experts: they run apart below):
-        // x quantized to int8 in each block for quantized experts (qgemv.rs), bf16 GEMV
-        // otherwise; SwiGLU and the combine as kernels of their own.
-        let k = mc.top_k;
+        let (k, held) = (mc.top_k, m.experts.len());
         let pairs = t * k;
         let (ids, w) = self.route_on_gpu(m, mc, t, logits, 0)?;
         // One expert-GEMV launch over all pairs: x [*, width] bf16; pair p reads row p / x_div.
@@ -313,21 +322,18 @@ impl CudaExecutor {
         let y = gpu.alloc::<f32>(pairs * h)?;
         gemv(m.down_ty, down, act.ptr(), 1, f, h, y.ptr())?;
         gpu.moe_combine_pairs(t, out, y.ptr(), w.ptr(), k, h)?;
-        // The fused shared slices (of bf16 experts), apart.
-        match &m.shared_pairs {
-            Some((sids, ones)) => {
-                let s = m.shared_fused;
-                if t > SHARED_ID_TOKENS {
-                    return Err(CudaError::Invalid(format!(
-                        "{t} tokens on the expert GEMV path (at most {SHARED_ID_TOKENS})"
-                    )));
-                }
-                let act = gpu.alloc::<u16>(t * s * f)?;
-                let (ip, ap) = (sids.ptr(), act.ptr());
-                gpu.moe_gemv_swiglu(t * s, gate_up, first, held, ip, hnb.ptr(), s, h, f, ap)?;
-                gpu.moe_gemv_combine(t, s, down, first, held, ip, ap, ones.ptr(), f, h, out)
-            }
-            None => Ok(()),
-        }
+        Ok(false)
     }
+}
+
+/// Most tokens on the fused expert kernels (`MLASERVE_MOE_FUSED_TOKENS`, default 1): they read
+/// an expert once a pair, as the per-pair chain does, in 2 launches instead of 4.
+fn fused_tokens() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("MLASERVE_MOE_FUSED_TOKENS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1)
+    })
 }

@@ -1,0 +1,149 @@
+// The absorbed MLA path's per-head projections for small decode steps, each fused with the
+// small kernel next to it (a step of one token is latency-bound: every launch it saves is
+// ~3 µs of a ~120 µs layer):
+//   mla_q_absorb    RoPE of q_pe in place + q_lat = W_UK_T[h] . bf16(q_nope)  (q_finish/rope,
+//                   the bf16 cast and the strided-batched W_UK GEMM in one launch);
+//   mla_combine_uv  the LSE combine of the split decode's partials + W_UV[h] . o_lat
+//                   (attn_mqa_combine and the strided-batched W_UV GEMM in one launch).
+// Numerics: q_nope and o_lat rounded to bf16 exactly as the kernels they replace round them
+// (bit-identical inputs to the products); products in f32 over bf16 weights, summed in
+// another order than cuBLAS (the op table checks both against f64).
+
+// q [T, N * qk] f32 (head h: q_nope at h*qk, q_pe at h*qk + p); w_uk_t [N, L, P] bf16;
+// q_lat [T, N, L] f32. With cos non-null the blocks of chunk 0 also rotate q_pe in place
+// (interleaved pairs, cos/sin [T, r/2], as rope_interleaved; no other block reads q_pe).
+// grid (T * N, ceil(L / 64)), block 256: warp w takes rows 8w..8w+7 of the block's 64, half a
+// warp a row (8 values a lane), the four rows of each half warp's loads in flight together.
+// P % 8 == 0, P <= 512.
+extern "C" __global__ void mla_q_absorb(float* q, const bf16* w_uk_t, float* q_lat, int n_heads,
+                                        int qk, int p, int r, int l, const float* cos_t,
+                                        const float* sin_t) {
+    MLA_PDL();
+    const int th = blockIdx.x, t = th / n_heads, h = th % n_heads;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = lane >> 4, hl = lane & 15;
+    float* qh = q + (i64)t * n_heads * qk + (i64)h * qk;
+    // The lane's q_nope values, bf16-rounded as f32_to_bf16 rounds them, for every 128-wide
+    // step of P (at most 4 steps: P <= 512).
+    float xq[4][8];
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+        int c = s * 128 + hl * 8;
+#pragma unroll
+        for (int j = 0; j < 8; j++) xq[s][j] = c < p ? bf2f(f2bf(qh[c + j])) : 0.f;
+    }
+    const bf16* wh = w_uk_t + (i64)h * l * p;
+    const int rb = blockIdx.y * 64 + warp * 8 + half;  // rows rb, rb + 2, rb + 4, rb + 6
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+        const int c = s * 128 + hl * 8;
+        if (c >= p) break;
+        uint4 a[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            if (rb + 2 * i < l) a[i] = *(const uint4*)(wh + (i64)(rb + 2 * i) * p + c);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if (rb + 2 * i >= l) continue;
+            const bf16* aa = (const bf16*)&a[i];
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[i] += bf2f(aa[j]) * xq[s][j];
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float v = acc[i];
+        // Sum over the half warp (lanes 16 apart never mix).
+        for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (hl == 0 && rb + 2 * i < l) q_lat[((i64)t * n_heads + h) * l + rb + 2 * i] = v;
+    }
+    if (cos_t && blockIdx.y == 0) {
+        const int hr = r / 2;
+        const float* c = cos_t + (i64)t * hr;
+        const float* s = sin_t + (i64)t * hr;
+        for (int i = threadIdx.x; i < hr; i += blockDim.x) {
+            float* pp = qh + p + 2 * i;
+            float x0 = pp[0], x1 = pp[1];
+            pp[0] = x0 * c[i] - x1 * s[i];
+            pp[1] = x0 * s[i] + x1 * c[i];
+        }
+    }
+}
+
+// part [T, N, NS, L] f32 and lse [T, N, NS] of the split decode; w_uv [N, V, L] bf16.
+// o_lat = bf16(LSE combine), as attn_mqa_combine computes it (same expressions and order);
+// out[t, h*V + v] = W_UV[h][v, :] . o_lat: bf16 into out_b where non-null, else f32 into out_f
+// (= beta * out_f + product; beta 0 writes without reading).
+// grid (T * N, ceil(V / 16)), block 256: the block combines its head's o_lat into shared
+// memory, then warp w takes rows 2w, 2w + 1 of the block's 16, lanes striding L by 8.
+// L % 8 == 0, L <= 1024.
+extern "C" __global__ void mla_combine_uv(const float* part, const float* lse, const bf16* w_uv,
+                                          int ns, int l, int n_heads, int v, bf16* out_b,
+                                          float* out_f, float beta) {
+    MLA_PDL();
+    __shared__ __align__(16) bf16 ol[1024];
+    const int th = blockIdx.x, h = th % n_heads;
+    const float* ls = lse + (i64)th * ns;
+    float mx = -INFINITY;
+    for (int s = 0; s < ns; s++) mx = fmaxf(mx, ls[s]);
+    float den = 0.f;
+    for (int s = 0; s < ns; s++) den += (ls[s] == -INFINITY) ? 0.f : __expf(ls[s] - mx);
+    float inv = den > 0.f ? 1.f / den : 0.f;
+    for (int d = threadIdx.x; d < l; d += blockDim.x) {
+        float x = 0.f;
+        for (int s = 0; s < ns; s++)
+            if (ls[s] != -INFINITY) x += __expf(ls[s] - mx) * part[((i64)th * ns + s) * l + d];
+        ol[d] = f2bf(x * inv);
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int ra = blockIdx.y * 16 + warp * 2;
+    if (ra >= v) return;
+    const int rb = min(ra + 1, v - 1);  // an odd last row computed twice, stored once
+    const bf16* wh = w_uv + (i64)h * v * l;
+    const bf16* w0 = wh + (i64)ra * l;
+    const bf16* w1 = wh + (i64)rb * l;
+    float s0 = 0.f, s1 = 0.f;
+    for (int c0 = lane * 8; c0 < l; c0 += 4 * 256) {
+        uint4 a[4], b[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int c = c0 + u * 256;
+            if (c < l) {
+                a[u] = *(const uint4*)(w0 + c);
+                b[u] = *(const uint4*)(w1 + c);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int c = c0 + u * 256;
+            if (c >= l) break;
+            uint4 xv = *(const uint4*)(ol + c);
+            const bf16* aa = (const bf16*)&a[u];
+            const bf16* bb = (const bf16*)&b[u];
+            const bf16* xe = (const bf16*)&xv;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                s0 += bf2f(aa[j]) * bf2f(xe[j]);
+                s1 += bf2f(bb[j]) * bf2f(xe[j]);
+            }
+        }
+    }
+    s0 = warp_sum(s0);
+    s1 = warp_sum(s1);
+    if (lane != 0) return;
+    const int t = th / n_heads;
+    const i64 o = (i64)t * n_heads * v + (i64)h * v;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        if (j == 1 && rb == ra) break;
+        const int row = j ? rb : ra;
+        const float val = j ? s1 : s0;
+        if (out_b) {
+            out_b[o + row] = f2bf(val);
+        } else {
+            float* po = out_f + o + row;
+            *po = beta == 0.f ? val : beta * *po + val;
+        }
+    }
+}

@@ -18,9 +18,18 @@
 extern "C" __global__ void mla_q_absorb(float* q, const bf16* w_uk_t, float* q_lat, int n_heads,
                                         int qk, int p, int r, int l, const float* cos_t,
                                         const float* sin_t) {
-    MLA_PDL();
+    MLA_WEIGHTS_FIRST();
     const int th = blockIdx.x, t = th / n_heads, h = th % n_heads;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = lane >> 4, hl = lane & 15;
+    const bf16* wh = w_uk_t + (i64)h * l * p;
+    const int rb = blockIdx.y * 64 + warp * 8 + half;  // rows rb, rb + 2, rb + 4, rb + 6
+    // The first 128 columns of the warp's rows, requested before the wait on the previous
+    // grid (weights are never written by a kernel).
+    uint4 a0[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        if (rb + 2 * i < l && hl * 8 < p) a0[i] = *(const uint4*)(wh + (i64)(rb + 2 * i) * p + hl * 8);
+    MLA_PDL();
     float* qh = q + (i64)t * n_heads * qk + (i64)h * qk;
     // The lane's q_nope values, bf16-rounded as f32_to_bf16 rounds them, for every 128-wide
     // step of P (at most 4 steps: P <= 512).
@@ -31,8 +40,6 @@ extern "C" __global__ void mla_q_absorb(float* q, const bf16* w_uk_t, float* q_l
 #pragma unroll
         for (int j = 0; j < 8; j++) xq[s][j] = c < p ? bf2f(f2bf(qh[c + j])) : 0.f;
     }
-    const bf16* wh = w_uk_t + (i64)h * l * p;
-    const int rb = blockIdx.y * 64 + warp * 8 + half;  // rows rb, rb + 2, rb + 4, rb + 6
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int s = 0; s < 4; s++) {
@@ -40,8 +47,10 @@ extern "C" __global__ void mla_q_absorb(float* q, const bf16* w_uk_t, float* q_l
         if (c >= p) break;
         uint4 a[4];
 #pragma unroll
-        for (int i = 0; i < 4; i++)
-            if (rb + 2 * i < l) a[i] = *(const uint4*)(wh + (i64)(rb + 2 * i) * p + c);
+        for (int i = 0; i < 4; i++) {
+            if (s == 0) a[i] = a0[i];
+            else if (rb + 2 * i < l) a[i] = *(const uint4*)(wh + (i64)(rb + 2 * i) * p + c);
+        }
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             if (rb + 2 * i >= l) continue;
@@ -74,15 +83,34 @@ extern "C" __global__ void mla_q_absorb(float* q, const bf16* w_uk_t, float* q_l
 // o_lat = bf16(LSE combine), as attn_mqa_combine computes it (same expressions and order);
 // out[t, h*V + v] = W_UV[h][v, :] . o_lat: bf16 into out_b where non-null, else f32 into out_f
 // (= beta * out_f + product; beta 0 writes without reading).
-// grid (T * N, ceil(V / 16)), block 256: the block combines its head's o_lat into shared
-// memory, then warp w takes rows 2w, 2w + 1 of the block's 16, lanes striding L by 8.
+// grid (T * N, ceil(V / 16)), block 256: warp w's rows 2w, 2w + 1 of the block's 16 are loaded
+// into registers before the PDL wait, the block combines its head's o_lat into shared
+// memory, then each warp its two dots (lanes striding L by 8).
 // L % 8 == 0, L <= 1024.
 extern "C" __global__ void mla_combine_uv(const float* part, const float* lse, const bf16* w_uv,
                                           int ns, int l, int n_heads, int v, bf16* out_b,
                                           float* out_f, float beta) {
-    MLA_PDL();
+    MLA_WEIGHTS_FIRST();
     __shared__ __align__(16) bf16 ol[1024];
     const int th = blockIdx.x, h = th % n_heads;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // The warp's two W_UV rows (all of L <= 1024: four 256-wide steps), requested before the
+    // wait on the previous grid (weights are never written by a kernel).
+    const int ra = blockIdx.y * 16 + warp * 2;
+    const int rc = min(ra, v - 1), rb = min(ra + 1, v - 1);  // an odd last row twice
+    const bf16* wh = w_uv + (i64)h * v * l;
+    const bf16* w0 = wh + (i64)rc * l;
+    const bf16* w1 = wh + (i64)rb * l;
+    uint4 a[4], b[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        int c = lane * 8 + u * 256;
+        if (c < l) {
+            a[u] = *(const uint4*)(w0 + c);
+            b[u] = *(const uint4*)(w1 + c);
+        }
+    }
+    MLA_PDL();
     const float* ls = lse + (i64)th * ns;
     float mx = -INFINITY;
     for (int s = 0; s < ns; s++) mx = fmaxf(mx, ls[s]);
@@ -96,37 +124,20 @@ extern "C" __global__ void mla_combine_uv(const float* part, const float* lse, c
         ol[d] = f2bf(x * inv);
     }
     __syncthreads();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int ra = blockIdx.y * 16 + warp * 2;
     if (ra >= v) return;
-    const int rb = min(ra + 1, v - 1);  // an odd last row computed twice, stored once
-    const bf16* wh = w_uv + (i64)h * v * l;
-    const bf16* w0 = wh + (i64)ra * l;
-    const bf16* w1 = wh + (i64)rb * l;
     float s0 = 0.f, s1 = 0.f;
-    for (int c0 = lane * 8; c0 < l; c0 += 4 * 256) {
-        uint4 a[4], b[4];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int c = c0 + u * 256;
-            if (c < l) {
-                a[u] = *(const uint4*)(w0 + c);
-                b[u] = *(const uint4*)(w1 + c);
-            }
-        }
+    for (int u = 0; u < 4; u++) {
+        int c = lane * 8 + u * 256;
+        if (c >= l) break;
+        uint4 xv = *(const uint4*)(ol + c);
+        const bf16* aa = (const bf16*)&a[u];
+        const bf16* bb = (const bf16*)&b[u];
+        const bf16* xe = (const bf16*)&xv;
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int c = c0 + u * 256;
-            if (c >= l) break;
-            uint4 xv = *(const uint4*)(ol + c);
-            const bf16* aa = (const bf16*)&a[u];
-            const bf16* bb = (const bf16*)&b[u];
-            const bf16* xe = (const bf16*)&xv;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                s0 += bf2f(aa[j]) * bf2f(xe[j]);
-                s1 += bf2f(bb[j]) * bf2f(xe[j]);
-            }
+        for (int j = 0; j < 8; j++) {
+            s0 += bf2f(aa[j]) * bf2f(xe[j]);
+            s1 += bf2f(bb[j]) * bf2f(xe[j]);
         }
     }
     s0 = warp_sum(s0);

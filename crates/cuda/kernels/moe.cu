@@ -1,17 +1,13 @@
 // MoE on the GPU for small batches: routing (DeepSeek/GLM rules, the CPU's `route`) and
 // expert GEMVs over (token, slot) pairs, so a decode step needs no host round trip.
 
-// Routing of one token per block (blockDim 256, E <= 1024): logits [T, E] f32 ->
-// ids [T, K + ns] (i32, best first) and weights [T, K + ns] f32. gating 0 = softmax,
+// Routing of one token by one block (blockDim 256, E <= 1024): logits lg [E] f32 ->
+// ids [K + ns] (i32, best first) and weights [K + ns] f32. gating 0 = softmax,
 // 1 = sigmoid; bias (may be null) only selects; groups as in the CPU path; ties to the lower
 // index. The last ns slots of each token are the shared-expert slices: ids E + j, weight 1.
-extern "C" __global__ void moe_route(const float* logits, const float* bias, int e, int k,
-                                     int ns, int gating, int n_group, int topk_group, int norm,
-                                     float scale, int* ids, float* weights) {
-    MLA_PDL();
-    const int ko = k + ns;
-    ids += (i64)blockIdx.x * ko;
-    weights += (i64)blockIdx.x * ko;
+__device__ void route_row(const float* lg, const float* bias, int e, int k, int ns, int gating,
+                          int n_group, int topk_group, int norm, float scale, int* ids,
+                          float* weights) {
     if (threadIdx.x < ns) {
         ids[k + threadIdx.x] = e + threadIdx.x;
         weights[k + threadIdx.x] = 1.f;
@@ -21,7 +17,6 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, int
     __shared__ float red[32];
     __shared__ float gsc[64];
     __shared__ int best_i;
-    const float* lg = logits + (i64)blockIdx.x * e;
     float mx = -INFINITY;
     for (int i = threadIdx.x; i < e; i += blockDim.x) mx = fmaxf(mx, lg[i]);
     mx = block_max(mx, red);
@@ -100,6 +95,63 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, int
         float inv = norm ? 1.f / (wsum + 1e-20f) : 1.f;
         for (int r = 0; r < k; r++) weights[r] *= inv * scale;
     }
+}
+
+
+// Routing of one token per block: logits [T, E] -> ids / weights [T, K + ns] (route_row).
+extern "C" __global__ void moe_route(const float* logits, const float* bias, int e, int k,
+                                     int ns, int gating, int n_group, int topk_group, int norm,
+                                     float scale, int* ids, float* weights) {
+    MLA_PDL();
+    const int ko = k + ns;
+    route_row(logits + (i64)blockIdx.x * e, bias, e, k, ns, gating, n_group, topk_group, norm,
+              scale, ids + (i64)blockIdx.x * ko, weights + (i64)blockIdx.x * ko);
+}
+
+// The FFN norm, the router and the routing of small steps in one launch: block (j, t)
+// normalizes x row t as rms_norm does (same block size and sums: the values, and hnb's bf16
+// rows written by block 0, are bit-identical to its output), computes logit j = router row j
+// . those values (f32, a block sum) into logits [T, E], and the last of token t's E blocks
+// to finish (a ticket per token, reset by that block, so the kernel can run again and replay
+// in a graph) routes it with route_row. grid (E, T), block 256, E <= 1024.
+extern "C" __global__ void moe_norm_route(const float* x, const float* gamma, float eps, int h,
+                                          const float* router, bf16* hnb, float* logits,
+                                          unsigned* tickets, const float* bias, int e, int k,
+                                          int ns, int gating, int n_group, int topk_group,
+                                          int norm, float scale, int* ids, float* weights) {
+    MLA_PDL();
+    __shared__ float red[32];
+    __shared__ float lg[1024];
+    __shared__ unsigned ticket;
+    const int j = blockIdx.x, t = blockIdx.y;
+    const float* xr = x + (i64)t * h;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < h; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, red);
+    float inv = rsqrtf(ss / h + eps);
+    const float* wr = router + (i64)j * h;
+    float dot = 0.f;
+    for (int i = threadIdx.x; i < h; i += blockDim.x) {
+        float v = xr[i] * inv * gamma[i];
+        if (j == 0) hnb[(i64)t * h + i] = f2bf(v);
+        dot += v * wr[i];
+    }
+    dot = block_sum(dot, red);
+    if (threadIdx.x == 0) {
+        logits[(i64)t * e + j] = dot;
+        __threadfence();
+        ticket = atomicAdd(tickets + t, 1u);
+    }
+    __syncthreads();
+    if (ticket != (unsigned)(e - 1)) return;
+    // The last block of token t: every logit of the token is written and visible.
+    __threadfence();
+    for (int i = threadIdx.x; i < e; i += blockDim.x) lg[i] = __ldcg(logits + (i64)t * e + i);
+    if (threadIdx.x == 0) tickets[t] = 0u;
+    __syncthreads();
+    const int ko = k + ns;
+    route_row(lg, bias, e, k, ns, gating, n_group, topk_group, norm, scale, ids + (i64)t * ko,
+              weights + (i64)t * ko);
 }
 
 // One warp's dot of a bf16 row w [n] with x [n] (n a multiple of 8, 16-byte aligned), lane
@@ -205,26 +257,24 @@ extern "C" __global__ void moe_gemv_swiglu(const unsigned long long* w_ptrs, int
     if (lane == 0) act[(i64)p * f + i] = f2bf(g / (1.f + __expf(-g)) * u);
 }
 
-// Rows a block of moe_gemv_combine.
-#define COMBINE_ROWS 8
-
 // Expert down GEMV with the combine in its epilogue: x[t, row] += sum_j w[t*k + j] *
 // (W_{ids[t*k + j]}[row, :] . act[t*k + j, :]) for every token t < T, W bf16 rows of n values
 // (n apart, fs for a slice) — bit for bit moe_gemv (x_div 1) then moe_combine_pairs, without
-// the [pairs, rows] intermediate. Pairs not held add nothing. grid (ceil(rows / 8)), block
-// 256: the block's 8 rows (the last block's sit lower, inside W) for all pairs, as items of
+// the [pairs, rows] intermediate. Pairs not held add nothing. grid (ceil(rows / RG)), block
+// 256: the block's RG rows (the last block's sit lower, inside W) for all pairs, as items of
 // (pair, row pair) that warp w takes w, w + 8, ... (two rows, four K steps in flight) into
 // shared memory; then a thread per (token, row) adds its slots in order. T * k <= 256.
-extern "C" __global__ void moe_gemv_combine(const unsigned long long* w_ptrs, int first,
-                                            int held, const int* ids, const bf16* act,
-                                            const float* wts, int t_count, int k, int n,
-                                            int rows, int e_routed, int fs, float* x) {
-    MLA_PDL();
-    __shared__ float y[256][COMBINE_ROWS];
+// RG = 4 (moe_gemv_combine) gives 2 items a warp for V2-Lite's 8 pairs at 4 blocks an SM;
+// RG = 8 (moe_gemv_combine_r8) 4 items at 2 blocks an SM (session 8, run 1: 22 µs a layer).
+template <int RG>
+__device__ __forceinline__ void gemv_combine_body(const unsigned long long* w_ptrs, int first,
+                                                  int held, const int* ids, const bf16* act,
+                                                  const float* wts, int t_count, int k, int n,
+                                                  int rows, int e_routed, int fs, float* x) {
+    __shared__ float y[256][RG];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, pairs = t_count * k;
-    const int r0 = rows >= COMBINE_ROWS ? min((int)blockIdx.x * COMBINE_ROWS, rows - COMBINE_ROWS)
-                                        : 0;
-    const int nr = min(COMBINE_ROWS, rows), halves = (nr + 1) / 2;
+    const int r0 = rows >= RG ? min((int)blockIdx.x * RG, rows - RG) : 0;
+    const int nr = min(RG, rows), halves = (nr + 1) / 2;
     for (int it = warp; it < pairs * halves; it += 8) {
         const int j = it / halves, q = it % halves;
         const int ra = r0 + 2 * q, rb = min(ra + 1, r0 + nr - 1);  // an odd last row twice
@@ -240,15 +290,27 @@ extern "C" __global__ void moe_gemv_combine(const unsigned long long* w_ptrs, in
         }
     }
     __syncthreads();
-    for (int o = threadIdx.x; o < t_count * COMBINE_ROWS; o += blockDim.x) {
-        const int tt = o / COMBINE_ROWS, rr = o % COMBINE_ROWS;
-        const int row = blockIdx.x * COMBINE_ROWS + rr;
+    for (int o = threadIdx.x; o < t_count * RG; o += blockDim.x) {
+        const int tt = o / RG, rr = o % RG;
+        const int row = blockIdx.x * RG + rr;
         if (row >= rows || rr >= nr) continue;
         float acc = 0.f;
         for (int j = 0; j < k; j++) acc += wts[tt * k + j] * y[tt * k + j][row - r0];
         x[(i64)tt * rows + row] += acc;
     }
 }
+
+#define MOE_GEMV_COMBINE(NAME, RG)                                                              \
+    extern "C" __global__ void NAME(const unsigned long long* w_ptrs, int first, int held,     \
+                                    const int* ids, const bf16* act, const float* wts,         \
+                                    int t_count, int k, int n, int rows, int e_routed, int fs, \
+                                    float* x) {                                                \
+        MLA_PDL();                                                                             \
+        gemv_combine_body<RG>(w_ptrs, first, held, ids, act, wts, t_count, k, n, rows,         \
+                              e_routed, fs, x);                                                \
+    }
+MOE_GEMV_COMBINE(moe_gemv_combine, 4)
+MOE_GEMV_COMBINE(moe_gemv_combine_r8, 8)
 
 // x[t, :] += sum_j w[t, j] * y[t*k + j, :] (pairs in token order).
 // grid (T, ceil(h / 256)), block 256: a thread per element.

@@ -73,6 +73,8 @@ pub struct CudaExecutor {
     /// Most tokens for which every MoE layer routes and runs its experts on the GPU
     /// (usize::MAX without MoE layers); a decode graph needs that.
     moe_gpu_max: usize,
+    /// Zeros that `moe_norm_route` counts its blocks in, a token each (and resets).
+    route_tickets: DBuf<u32>,
 }
 
 /// Whether a product of M rows with bf16 weights `w` takes the in-house GEMV (gemv.rs) rather
@@ -171,7 +173,7 @@ fn gemm_bf16(gpu: &Gpu, m: usize, x: u64, w: &GMat, out: u64) -> Result<()> {
 }
 
 mod moe;
-use moe::moe_gpu_max_tokens;
+use moe::{moe_gpu_max_tokens, FfnIn};
 
 impl CudaExecutor {
     /// Puts `model` on GPU `ordinal`: opens the device, compiles the kernels, uploads the
@@ -223,6 +225,7 @@ impl CudaExecutor {
         } else {
             None
         };
+        let route_tickets = gpu.upload(&[0u32; 64])?;
         Ok(Self {
             model,
             gpu,
@@ -233,6 +236,7 @@ impl CudaExecutor {
             flash,
             graphs: Graphs::new(),
             moe_gpu_max,
+            route_tickets,
         })
     }
 
@@ -576,24 +580,35 @@ impl CudaExecutor {
             });
             self.attention(li, layer, batch, inp, cache, &hnb, norm_in, target)?;
             self.finish_partial(&x, part)?;
-            gpu.rms_norm(
-                t,
-                x.ptr(),
-                h,
-                0,
-                layer.ffn_norm.ptr(),
-                hn.ptr(),
-                h,
-                hnb.ptr(),
-                h,
-                h,
-                cfg.rms_norm_eps,
-            )?;
+            // Small MoE steps: the routing kernel normalizes x itself (and writes hnb).
+            let fused_route = matches!(layer.ffn, GFfn::Moe(_)) && self.fused_route(t);
+            if !fused_route {
+                gpu.rms_norm(
+                    t,
+                    x.ptr(),
+                    h,
+                    0,
+                    layer.ffn_norm.ptr(),
+                    hn.ptr(),
+                    h,
+                    hnb.ptr(),
+                    h,
+                    h,
+                    cfg.rms_norm_eps,
+                )?;
+            }
             let part = self.partial(&x)?;
             let target = part.as_ref().map_or(x.ptr(), |p| p.ptr());
+            let ffn_in = match fused_route {
+                true => FfnIn::Residual {
+                    x: x.ptr(),
+                    gamma: layer.ffn_norm.ptr(),
+                },
+                false => FfnIn::Normed(&hn),
+            };
             match &layer.ffn {
                 GFfn::Dense(m) => self.mlp(m, t, hnb.ptr(), target)?,
-                GFfn::Moe(m) => self.moe(m, t, &hn, &hnb, target)?,
+                GFfn::Moe(m) => self.moe(m, t, ffn_in, &hnb, target)?,
             }
             self.finish_partial(&x, part)?;
             self.probe_dev(Some(li), "out", PathTag::None, &[t, h], x.ptr(), t, h, h)?;

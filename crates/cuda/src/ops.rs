@@ -785,6 +785,54 @@ impl Gpu {
         )
     }
 
+    /// The FFN norm, router and routing of `t` tokens in one launch: hnb [T, H] bf16 =
+    /// RMSNorm(x [T, H] f32) * gamma (bit-identical to [`Gpu::rms_norm`]'s bf16 rows),
+    /// logits [T, E] f32 = those rows (f32) . router [E, H] f32, then ids / weights
+    /// [T, top_k + shared] as [`Gpu::moe_route`]. `tickets` [>= T] u32, zero, and zero again
+    /// after the launch (the kernel resets them).
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_norm_route(
+        &self,
+        t: usize,
+        x: u64,
+        gamma: u64,
+        eps: f32,
+        h: usize,
+        router: u64,
+        hnb: u64,
+        logits: u64,
+        tickets: u64,
+        bias: u64,
+        c: &RouteCfg,
+        ids: u64,
+        weights: u64,
+    ) -> Result<()> {
+        if c.experts == 0 || c.experts > 1024 || c.n_group > 64 || c.shared > 256 {
+            return Err(CudaError::Invalid(format!(
+                "GPU routing takes 1..=1024 experts, <= 64 groups and <= 256 shared slices, \
+                 got {} / {} / {}",
+                c.experts, c.n_group, c.shared
+            )));
+        }
+        let (e, k, g, ng, tg, norm) = (
+            c.experts as i32,
+            c.top_k as i32,
+            c.gating,
+            c.n_group as i32,
+            c.topk_group as i32,
+            c.norm as i32,
+        );
+        let (scale, ns, h32) = (c.scale, c.shared as i32, h as i32);
+        self.launch(
+            "moe_norm_route",
+            Gpu::cfg((c.experts as u32, t as u32, 1), 256),
+            &args![
+                x, gamma, eps, h32, router, hnb, logits, tickets, bias, e, k, ns, g, ng, tg, norm,
+                scale, ids, weights
+            ],
+        )
+    }
+
     /// out[p, r] = W_{ids[p]}[r, :] . x[p / x_div, :] for `pairs` pairs; W bf16 [rows, n] found
     /// in the per-expert pointer table `w_ptrs` (index `ids[p] - first`, `held` entries).
     #[allow(clippy::too_many_arguments)]
@@ -881,9 +929,17 @@ impl Gpu {
         let (fi, hd, k32, n32, r32) = (first as i32, held as i32, k as i32, n as i32, rows as i32);
         let t32 = t as i32;
         let (er, fs) = views.args();
+        // Rows a block: 4, or 8 under MLASERVE_COMBINE_ROWS=8 (for comparisons).
+        static R8: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let r8 = *R8.get_or_init(|| std::env::var("MLASERVE_COMBINE_ROWS").is_ok_and(|v| v == "8"));
+        let (name, rg) = if r8 {
+            ("moe_gemv_combine_r8", 8)
+        } else {
+            ("moe_gemv_combine", 4)
+        };
         self.launch(
-            "moe_gemv_combine",
-            Gpu::cfg((rows.div_ceil(8) as u32, 1, 1), 256),
+            name,
+            Gpu::cfg((rows.div_ceil(rg) as u32, 1, 1), 256),
             &args![w_ptrs, fi, hd, ids, act, w, t32, k32, n32, r32, er, fs, x],
         )
     }

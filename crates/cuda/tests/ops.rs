@@ -1489,6 +1489,145 @@ fn absorb(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     );
 }
 
+/// `moe_norm_route` (FFN norm + router + routing in one launch, a ticket per token): hnb bit
+/// for bit `rms_norm`'s bf16 rows; logits against f64 of rms_norm's f32 rows times the router;
+/// ids exactly and weights (1e-5) against the CPU's `route` on the kernel's own logits; run
+/// twice (the tickets must be back at zero for the second launch to route at all).
+fn moe_norm_route(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
+    use mlaserve_cuda::ops::RouteCfg;
+    use mlaserve_model::layers::ffn::route;
+    use mlaserve_model::{Gating, MoeConfig};
+    let h = 512usize;
+    for &(e, k, gating, n_group, topk_group, norm, bias, ns, t) in &[
+        (
+            64usize,
+            6usize,
+            Gating::Softmax,
+            1usize,
+            1usize,
+            false,
+            false,
+            2usize,
+            1usize,
+        ),
+        (160, 6, Gating::Softmax, 8, 3, false, false, 1, 3),
+        (256, 8, Gating::Sigmoid, 8, 4, true, true, 0, 4),
+    ] {
+        let mc = MoeConfig {
+            num_experts: e,
+            top_k: k,
+            num_shared_experts: 1,
+            moe_intermediate_size: 8,
+            n_group,
+            topk_group,
+            routed_scaling_factor: 2.5,
+            norm_topk_prob: norm,
+            gating,
+            has_correction_bias: bias,
+        };
+        let rc = RouteCfg {
+            experts: e,
+            top_k: k,
+            gating: if gating == Gating::Softmax { 0 } else { 1 },
+            n_group,
+            topk_group,
+            norm,
+            scale: 2.5,
+            shared: ns,
+        };
+        let x = rng.vec(t * h, 2.0);
+        let gamma = rng.vec(h, 1.0);
+        let router = rng.vec(e * h, 0.2);
+        let b = rng.vec(e, 0.5);
+        let (xd, gd, rd, bd) = (
+            gpu.upload(&x).unwrap(),
+            gpu.upload(&gamma).unwrap(),
+            gpu.upload(&router).unwrap(),
+            gpu.upload(&b).unwrap(),
+        );
+        let tickets = gpu.upload(&vec![0u32; t]).unwrap();
+        let ko = k + ns;
+        let name = format!("T{t} E{e} K{k}+{ns} {gating:?} groups {n_group}/{topk_group} H{h}");
+        // The unfused reference rows.
+        let (hn, hnb_ref) = (poisoned::<f32>(gpu, t * h), poisoned::<u16>(gpu, t * h));
+        gpu.rms_norm(
+            t,
+            xd.ptr(),
+            h,
+            0,
+            gd.ptr(),
+            hn.ptr(),
+            h,
+            hnb_ref.ptr(),
+            h,
+            h,
+            1e-6,
+        )
+        .unwrap();
+        let hn = gpu.to_host(&hn).unwrap();
+        let hnb_ref = gpu.to_host(&hnb_ref).unwrap();
+        for run in 0..2 {
+            let hnb = poisoned::<u16>(gpu, t * h);
+            let logits = poisoned::<f32>(gpu, t * e);
+            let (ids, w) = (poisoned::<i32>(gpu, t * ko), poisoned::<f32>(gpu, t * ko));
+            gpu.moe_norm_route(
+                t,
+                xd.ptr(),
+                gd.ptr(),
+                1e-6,
+                h,
+                rd.ptr(),
+                hnb.ptr(),
+                logits.ptr(),
+                tickets.ptr(),
+                if bias { bd.ptr() } else { 0 },
+                &rc,
+                ids.ptr(),
+                w.ptr(),
+            )
+            .unwrap();
+            let got_hnb = gpu.to_host(&hnb).unwrap();
+            let mism = got_hnb.iter().zip(&hnb_ref).filter(|(a, b)| a != b).count();
+            let lg = gpu.to_host(&logits).unwrap();
+            let want_lg: Vec<f32> = (0..t * e)
+                .map(|i| {
+                    let (ti, ei) = (i / e, i % e);
+                    (0..h)
+                        .map(|c| hn[ti * h + c] as f64 * router[ei * h + c] as f64)
+                        .sum::<f64>() as f32
+                })
+                .collect();
+            let (gi, gw) = (gpu.to_host(&ids).unwrap(), gpu.to_host(&w).unwrap());
+            let (mut id_mism, mut want_w) = (0usize, Vec::new());
+            for ti in 0..t {
+                let bias_h = if bias { Some(&b) } else { None };
+                let (idx, wt) = route(&mc, &lg[ti * e..(ti + 1) * e], bias_h.map(|v| &v[..]));
+                let shared = (e..e + ns).map(|i| i as i32);
+                id_mism += idx
+                    .iter()
+                    .map(|&i| i as i32)
+                    .chain(shared)
+                    .zip(&gi[ti * ko..(ti + 1) * ko])
+                    .filter(|(a, b)| a != *b)
+                    .count();
+                want_w.extend(wt);
+                want_w.extend(std::iter::repeat_n(1.0, ns));
+            }
+            let n = format!("{name} run {run}");
+            rep.check("moe_norm_route hnb", n.clone(), "bf16", mism as f64, 0.0);
+            rep.check(
+                "moe_norm_route lg",
+                n.clone(),
+                "f32",
+                rel_err(&lg, &want_lg),
+                1e-5,
+            );
+            rep.check("moe_norm_route ids", n.clone(), "i32", id_mism as f64, 0.0);
+            rep.check("moe_norm_route w", n, "f32", rel_err(&gw, &want_w), 1e-5);
+        }
+    }
+}
+
 fn moe(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     use mlaserve_cuda::ops::RouteCfg;
     use mlaserve_model::layers::ffn::route;
@@ -1582,6 +1721,7 @@ fn moe(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             1e-5,
         );
     }
+    moe_norm_route(gpu, rng, rep);
     // Expert GEMV over pairs with a pointer table, one expert not held (zeros), then combine.
     let (t, k, n, rows, held, first) = (3usize, 2usize, 256usize, 96usize, 4usize, 2usize);
     let experts: Vec<Vec<f32>> = (0..held)

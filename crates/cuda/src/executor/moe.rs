@@ -64,14 +64,32 @@ pub(super) fn moe_gpu_max_tokens(gpu: &Gpu, m: &GMoe, cfg: &ModelConfig) -> usiz
     }
 }
 
+/// What a MoE FFN reads: the normed rows (`hn` f32 for the router; hnb bf16 for the
+/// experts), or, in small steps on the GPU path ([`CudaExecutor::fused_route`]), the residual
+/// x [T, H] and the norm's gamma — the routing kernel normalizes x itself and writes hnb.
+pub(super) enum FfnIn<'a> {
+    Normed(&'a DBuf<f32>),
+    Residual { x: u64, gamma: u64 },
+}
+
 impl CudaExecutor {
-    /// Routed + shared experts of hnb [T, H] (hn f32 for the router), accumulated into
-    /// `out` [T, H].
+    /// Whether a step of `t` tokens normalizes, routes and picks experts in one launch
+    /// (`moe_norm_route`) ahead of the expert GEMVs: every MoE layer on the small GPU path
+    /// (`MLASERVE_FUSED_ROUTE=0`: never, for comparisons).
+    pub(super) fn fused_route(&self, t: usize) -> bool {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let on =
+            *ON.get_or_init(|| std::env::var("MLASERVE_FUSED_ROUTE").map_or(true, |v| v != "0"));
+        on && t <= MOE_GEMV_MAX_TOKENS && self.moe_gpu_max > 0 && t <= self.route_tickets.len()
+    }
+
+    /// Routed + shared experts of the step's rows (`inp`, and hnb [T, H] bf16 where `inp` is
+    /// normed), accumulated into `out` [T, H].
     pub(super) fn moe(
         &self,
         m: &GMoe,
         t: usize,
-        hn: &DBuf<f32>,
+        inp: FfnIn,
         hnb: &DBuf<u16>,
         out: u64,
     ) -> Result<()> {
@@ -83,24 +101,58 @@ impl CudaExecutor {
             .ok_or_else(|| CudaError::Invalid("MoE weights without a MoE config".into()))?;
         let (h, e) = (cfg.hidden_size, m.num_experts);
         let logits = gpu.alloc::<f32>(t * e)?;
-        gpu.gemm(&Gemm::plain(
-            GemmType::F32,
-            t,
-            e,
-            h,
-            hn.ptr(),
-            m.router.ptr(),
-            logits.ptr(),
-        ))?;
         let gpu_max = self.moe_gpu_max;
-        let shared_done = if t <= MOE_GEMV_MAX_TOKENS && gpu_max > 0 {
-            self.moe_small(m, mc, t, &logits, hnb, out)?
-        } else if t <= gpu_max {
-            self.moe_grouped(m, mc, t, &logits, hnb, out)?;
-            false
-        } else {
-            self.moe_host(m, mc, t, &logits, hnb, out)?;
-            false
+        let small = t <= MOE_GEMV_MAX_TOKENS && gpu_max > 0;
+        let shared_done = match inp {
+            FfnIn::Residual { x, gamma } if small && self.fused_route(t) => {
+                let s = small_slices(m, t);
+                let pairs = t * (mc.top_k + s);
+                let (ids, w) = (gpu.alloc::<i32>(pairs)?, gpu.alloc::<f32>(pairs)?);
+                let bias = m.bias_dev.as_ref().map_or(0, |b| b.ptr());
+                gpu.moe_norm_route(
+                    t,
+                    x,
+                    gamma,
+                    cfg.rms_norm_eps,
+                    h,
+                    m.router.ptr(),
+                    hnb.ptr(),
+                    logits.ptr(),
+                    self.route_tickets.ptr(),
+                    bias,
+                    &route_cfg(m, mc, s),
+                    ids.ptr(),
+                    w.ptr(),
+                )?;
+                self.moe_small(m, mc, t, (&ids, &w, s), hnb, out)?
+            }
+            FfnIn::Residual { .. } => {
+                return Err(CudaError::Invalid(format!(
+                    "MoE FFN of {t} tokens given the residual, not its normed rows"
+                )))
+            }
+            FfnIn::Normed(hn) => {
+                gpu.gemm(&Gemm::plain(
+                    GemmType::F32,
+                    t,
+                    e,
+                    h,
+                    hn.ptr(),
+                    m.router.ptr(),
+                    logits.ptr(),
+                ))?;
+                if small {
+                    let s = small_slices(m, t);
+                    let (ids, w) = self.route_on_gpu(m, mc, t, &logits, s)?;
+                    self.moe_small(m, mc, t, (&ids, &w, s), hnb, out)?
+                } else if t <= gpu_max {
+                    self.moe_grouped(m, mc, t, &logits, hnb, out)?;
+                    false
+                } else {
+                    self.moe_host(m, mc, t, &logits, hnb, out)?;
+                    false
+                }
+            }
         };
         match &m.shared {
             Some(sh) if !shared_done => self.mlp(sh, t, hnb.ptr(), out),
@@ -224,19 +276,7 @@ impl CudaExecutor {
         let pairs = t * (mc.top_k + shared);
         let ids = self.gpu.alloc::<i32>(pairs)?;
         let w = self.gpu.alloc::<f32>(pairs)?;
-        let rc = RouteCfg {
-            experts: m.num_experts,
-            top_k: mc.top_k,
-            gating: match mc.gating {
-                mlaserve_model::Gating::Softmax => 0,
-                mlaserve_model::Gating::Sigmoid => 1,
-            },
-            n_group: mc.n_group,
-            topk_group: mc.topk_group,
-            norm: mc.norm_topk_prob,
-            scale: mc.routed_scaling_factor,
-            shared,
-        };
+        let rc = route_cfg(m, mc, shared);
         let bias = m.bias_dev.as_ref().map_or(0, |b| b.ptr());
         self.gpu
             .moe_route(t, logits.ptr(), bias, &rc, ids.ptr(), w.ptr())?;
@@ -256,7 +296,7 @@ impl CudaExecutor {
         m: &GMoe,
         mc: &MoeConfig,
         t: usize,
-        logits: &DBuf<f32>,
+        (ids, w, s): (&DBuf<i32>, &DBuf<f32>, usize),
         hnb: &DBuf<u16>,
         out: u64,
     ) -> Result<bool> {
@@ -266,7 +306,6 @@ impl CudaExecutor {
         let first = m.first_expert;
         let bf16 = m.gate_up_ty.is_none() && m.down_ty.is_none();
         if bf16 && t <= fused_tokens() {
-            let s = if t == 1 { m.slices } else { 0 };
             let k = mc.top_k + s;
             let (held, pairs) = (m.experts.len() + s, t * k);
             let views = match (s, &m.shared) {
@@ -276,7 +315,6 @@ impl CudaExecutor {
                 },
                 _ => SliceViews::NONE,
             };
-            let (ids, w) = self.route_on_gpu(m, mc, t, logits, s)?;
             let act = gpu.alloc::<u16>(pairs * f)?;
             let (ip, ap) = (ids.ptr(), act.ptr());
             gpu.moe_gemv_swiglu(
@@ -295,9 +333,13 @@ impl CudaExecutor {
             gpu.moe_gemv_combine(t, k, down, first, held, ip, ap, w.ptr(), f, h, views, out)?;
             return Ok(s > 0);
         }
+        if s != 0 {
+            return Err(CudaError::Invalid(format!(
+                "{s} shared slices routed for the per-pair expert chain"
+            )));
+        }
         let (k, held) = (mc.top_k, m.experts.len());
         let pairs = t * k;
-        let (ids, w) = self.route_on_gpu(m, mc, t, logits, 0)?;
         // One expert-GEMV launch over all pairs: x [*, width] bf16; pair p reads row p / x_div.
         let gemv = |ty: Option<QType>,
                     ptrs: u64,
@@ -323,6 +365,34 @@ impl CudaExecutor {
         gemv(m.down_ty, down, act.ptr(), 1, f, h, y.ptr())?;
         gpu.moe_combine_pairs(t, out, y.ptr(), w.ptr(), k, h)?;
         Ok(false)
+    }
+}
+
+/// Shared-expert slices the small path routes for a step of `t` tokens: the layer's slices
+/// for one token of bf16 experts (the fused kernels run them with the routed pairs), else 0.
+fn small_slices(m: &GMoe, t: usize) -> usize {
+    let bf16 = m.gate_up_ty.is_none() && m.down_ty.is_none();
+    if t == 1 && bf16 && fused_tokens() >= 1 {
+        m.slices
+    } else {
+        0
+    }
+}
+
+/// The routing rules of layer `m` as the kernels take them, with `shared` slices appended.
+fn route_cfg(m: &GMoe, mc: &MoeConfig, shared: usize) -> RouteCfg {
+    RouteCfg {
+        experts: m.num_experts,
+        top_k: mc.top_k,
+        gating: match mc.gating {
+            mlaserve_model::Gating::Softmax => 0,
+            mlaserve_model::Gating::Sigmoid => 1,
+        },
+        n_group: mc.n_group,
+        topk_group: mc.topk_group,
+        norm: mc.norm_topk_prob,
+        scale: mc.routed_scaling_factor,
+        shared,
     }
 }
 

@@ -21,16 +21,37 @@ __device__ __forceinline__ void gemv_bf16_body(const float* xf, const float* gam
     __shared__ float red[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (gamma) {
+        // rms_norm's sums (a thread's elements i, i + 256, ... in order), 8 loads in flight
+        // (a loop of one load a step waits out the L2 latency 8 times at k = 2048).
+        const int nt = blockDim.x;
         for (int mi = 0; mi < m; mi++) {
             const float* xr = xf + (i64)mi * k;
             float ss = 0.f;
-            for (int i = threadIdx.x; i < k; i += blockDim.x) ss += xr[i] * xr[i];
+            for (int i0 = threadIdx.x; i0 < k; i0 += 8 * nt) {
+                float v[8];
+#pragma unroll
+                for (int u = 0; u < 8; u++) v[u] = i0 + u * nt < k ? xr[i0 + u * nt] : 0.f;
+#pragma unroll
+                for (int u = 0; u < 8; u++) ss += v[u] * v[u];
+            }
             ss = block_sum(ss, red);
             float inv = rsqrtf(ss / k + eps);
-            for (int i = threadIdx.x; i < k; i += blockDim.x) {
-                bf16 b = f2bf(xr[i] * inv * gamma[i]);
-                xs[mi * k + i] = b;
-                if (hnb && blockIdx.x == 0) hnb[(i64)mi * k + i] = b;
+            for (int i0 = threadIdx.x; i0 < k; i0 += 8 * nt) {
+                float xv[8], gv[8];
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const int i = i0 + u * nt;
+                    xv[u] = i < k ? xr[i] : 0.f;
+                    gv[u] = i < k ? gamma[i] : 0.f;
+                }
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    const int i = i0 + u * nt;
+                    if (i >= k) break;
+                    bf16 b = f2bf(xv[u] * inv * gv[u]);
+                    xs[mi * k + i] = b;
+                    if (hnb && blockIdx.x == 0) hnb[(i64)mi * k + i] = b;
+                }
             }
         }
     } else {

@@ -86,7 +86,8 @@ extern "C" __global__ void mla_q_absorb(float* q, const bf16* w_uk_t, float* q_l
 // grid (T * N, ceil(V / 16)), block 256: warp w's rows 2w, 2w + 1 of the block's 16 are loaded
 // into registers before the PDL wait, the block combines its head's o_lat into shared
 // memory, then each warp its two dots (lanes striding L by 8).
-// L % 8 == 0, L <= 1024.
+// L % 8 == 0, L <= 1024, NS <= MQA_COMBINE_MAX_SPLITS.
+#define MQA_COMBINE_MAX_SPLITS 256
 extern "C" __global__ void mla_combine_uv(const float* part, const float* lse, const bf16* w_uv,
                                           int ns, int l, int n_heads, int v, bf16* out_b,
                                           float* out_f, float beta) {
@@ -111,16 +112,36 @@ extern "C" __global__ void mla_combine_uv(const float* part, const float* lse, c
         }
     }
     MLA_PDL();
+    // attn_mqa_combine's expressions in its order; each split's factor exp(lse - max) computed
+    // once into shared memory (0 marks an empty split), the partials 8 splits at a time.
+    __shared__ float fac[MQA_COMBINE_MAX_SPLITS];
+    __shared__ float inv_s;
     const float* ls = lse + (i64)th * ns;
-    float mx = -INFINITY;
-    for (int s = 0; s < ns; s++) mx = fmaxf(mx, ls[s]);
-    float den = 0.f;
-    for (int s = 0; s < ns; s++) den += (ls[s] == -INFINITY) ? 0.f : __expf(ls[s] - mx);
-    float inv = den > 0.f ? 1.f / den : 0.f;
+    if (threadIdx.x < 32) {
+        float mx = -INFINITY;
+        for (int s = 0; s < ns; s++) mx = fmaxf(mx, ls[s]);
+        for (int s = threadIdx.x; s < ns; s += 32)
+            fac[s] = ls[s] == -INFINITY ? 0.f : __expf(ls[s] - mx);
+        __syncwarp();
+        if (threadIdx.x == 0) {
+            float den = 0.f;
+            for (int s = 0; s < ns; s++) den += fac[s];
+            inv_s = den > 0.f ? 1.f / den : 0.f;
+        }
+    }
+    __syncthreads();
+    const float inv = inv_s;
+    const float* pt = part + (i64)th * ns * l;
     for (int d = threadIdx.x; d < l; d += blockDim.x) {
         float x = 0.f;
-        for (int s = 0; s < ns; s++)
-            if (ls[s] != -INFINITY) x += __expf(ls[s] - mx) * part[((i64)th * ns + s) * l + d];
+        for (int s0 = 0; s0 < ns; s0 += 8) {
+            float pv[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) pv[u] = s0 + u < ns ? pt[(i64)(s0 + u) * l + d] : 0.f;
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (s0 + u < ns && fac[s0 + u] != 0.f) x += fac[s0 + u] * pv[u];
+        }
         ol[d] = f2bf(x * inv);
     }
     __syncthreads();

@@ -125,16 +125,37 @@ extern "C" __global__ void moe_norm_route(const float* x, const float* gamma, fl
     __shared__ unsigned ticket;
     const int j = blockIdx.x, t = blockIdx.y;
     const float* xr = x + (i64)t * h;
+    const int nt = blockDim.x;
+    // rms_norm's sums (a thread's elements i, i + 256, ... in order), 8 loads in flight.
     float ss = 0.f;
-    for (int i = threadIdx.x; i < h; i += blockDim.x) ss += xr[i] * xr[i];
+    for (int i0 = threadIdx.x; i0 < h; i0 += 8 * nt) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) v[u] = i0 + u * nt < h ? xr[i0 + u * nt] : 0.f;
+#pragma unroll
+        for (int u = 0; u < 8; u++) ss += v[u] * v[u];
+    }
     ss = block_sum(ss, red);
     float inv = rsqrtf(ss / h + eps);
     const float* wr = router + (i64)j * h;
     float dot = 0.f;
-    for (int i = threadIdx.x; i < h; i += blockDim.x) {
-        float v = xr[i] * inv * gamma[i];
-        if (j == 0) hnb[(i64)t * h + i] = f2bf(v);
-        dot += v * wr[i];
+    for (int i0 = threadIdx.x; i0 < h; i0 += 8 * nt) {
+        float xv[8], gv[8], wv[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int i = i0 + u * nt;
+            xv[u] = i < h ? xr[i] : 0.f;
+            gv[u] = i < h ? gamma[i] : 0.f;
+            wv[u] = i < h ? wr[i] : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int i = i0 + u * nt;
+            if (i >= h) break;
+            float v = xv[u] * inv * gv[u];
+            if (j == 0) hnb[(i64)t * h + i] = f2bf(v);
+            dot += v * wv[u];
+        }
     }
     dot = block_sum(dot, red);
     if (threadIdx.x == 0) {

@@ -80,11 +80,15 @@ pub struct CudaExecutor {
 /// Whether a product of M rows with bf16 weights `w` takes the in-house GEMV (gemv.rs) rather
 /// than cuBLAS: M <= [`DENSE_GEMV_MAX_M`] and x fits its shared memory, except matrices of
 /// 65,536 rows or more (the lm_head, which cuBLAS streams at 94-100% of the copy ceiling).
-/// `MLASERVE_DENSE_GEMV=0`: always cuBLAS, for comparisons.
+/// `MLASERVE_DENSE_GEMV=0`: always cuBLAS; `=N`: up to N rows (comparisons).
 fn dense_gemv(m: usize, w: &GMat) -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let on = *ON.get_or_init(|| std::env::var("MLASERVE_DENSE_GEMV").map_or(true, |v| v != "0"));
-    on && m <= DENSE_GEMV_MAX_M && gemv_fits(m, w.cols) && w.rows < 65_536
+    static MAX_M: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let max_m = *MAX_M.get_or_init(|| match std::env::var("MLASERVE_DENSE_GEMV").as_deref() {
+        Ok("0") => 0,
+        Ok(v) => v.parse().unwrap_or(DENSE_GEMV_MAX_M),
+        Err(_) => DENSE_GEMV_MAX_M,
+    });
+    m <= max_m && gemv_fits(m, w.cols) && w.rows < 65_536
 }
 
 /// Most rows on the decode GEMV: V2-Lite bf16 decode (session 7, bench/cuda/v2lite.md) was
@@ -412,11 +416,17 @@ impl CudaExecutor {
             return None;
         }
         let heads = self.w.layers.first()?.mla.num_heads;
+        let max_keys = h.dense.max_mqa();
         let splits = self
             .gpu
-            .mqa_tc_splits(t, heads, h.dense.max_mqa(), MQA_MAX_SPLITS)
+            .mqa_tc_splits(t, heads, max_keys, MQA_MAX_SPLITS)
             .ok()?;
-        let key = GraphKey { tokens: t, splits };
+        let decode_kernel = self.gpu.mqa_tc_variant(t, heads, max_keys).kernel();
+        let key = GraphKey {
+            tokens: t,
+            splits,
+            decode_kernel,
+        };
         (!self.graphs.refused(&key)).then_some(key)
     }
 
@@ -1079,6 +1089,7 @@ impl CudaExecutor {
             q,
             layer_cache,
             keys,
+            max_keys,
             block_tables,
             bt_off,
             bs,

@@ -635,7 +635,7 @@ impl Gpu {
     /// `part` [T, N, splits, L] / `lse` [T, N, splits] into bf16 o_lat (as the combine of
     /// [`Gpu::attn_mqa`]), then W_UV[h] · o_lat per head, w_uv [N, V, L] bf16, into out
     /// [T, N*V]: bf16 rows (`Bf16Out`-like) or f32 (= beta · out + product). L % 8 == 0,
-    /// L <= 1024.
+    /// L <= 1024, splits <= 256.
     #[allow(clippy::too_many_arguments)]
     pub fn mla_combine_uv(
         &self,
@@ -648,10 +648,10 @@ impl Gpu {
         out_bf16: bool,
         beta: f32,
     ) -> Result<()> {
-        if d.l % 8 != 0 || d.l > 1024 || splits == 0 {
+        if d.l % 8 != 0 || d.l > 1024 || splits == 0 || splits > 256 {
             return Err(CudaError::Invalid(format!(
-                "mla_combine_uv needs kv_lora_rank % 8 == 0 and <= 1024 and splits > 0, got {} / \
-                 {splits}",
+                "mla_combine_uv needs kv_lora_rank % 8 == 0 and <= 1024 and 1..=256 splits, got \
+                 {} / {splits}",
                 d.l
             )));
         }

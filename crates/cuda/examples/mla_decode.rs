@@ -91,6 +91,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // split), and one sequence at 8,192.
         (16, 64, 1024),
         (1, 64, 8192),
+        // Small decode steps of a 16-head model (V2-Lite), where the executor picks the
+        // mma.sync kernel up to SMALL_STEP_KEYS keys (mla_decode.rs): is 512 the right bound?
+        (1, 16, 64),
+        (1, 16, 512),
+        (1, 16, 2048),
+        (1, 16, 8192),
+        (4, 16, 512),
+        (4, 16, 4096),
     ];
     for (si, &(b, heads, ctx)) in shapes.iter().enumerate() {
         if only_shape.is_some_and(|i| i != si) {

@@ -321,8 +321,9 @@ impl Gpu {
     /// latency-bound, where the mma.sync kernel's 16-head blocks beat the wgmma kernel's
     /// padded 64: V2-Lite bf16 decode near context 0 (llama-bench's tg): 389 vs 378 tok/s at
     /// 1 token, equal at 4 and in a 1-token step at context 512 (12.5 vs 12.3 µs a layer;
-    /// session 8 run 4, bench/cuda/v2lite.md). Long contexts keep the kernel that streams the
-    /// cache faster. `MLASERVE_WGMMA_DECODE=0`: never the wgmma kernel; `=1`: also in small
+    /// session 8 run 4, bench/cuda/v2lite.md; alone, timed back to back, W64 is 0.4-0.7 µs
+    /// faster at these shapes: the gain is in the PDL-chained step, and within ~3% noise,
+    /// bench/cuda/mla_decode.md). Long contexts keep the kernel that streams the cache faster. `MLASERVE_WGMMA_DECODE=0`: never the wgmma kernel; `=1`: also in small
     /// steps (knobs for comparisons).
     pub fn mqa_tc_variant(&self, t: usize, heads: usize, max_keys: usize) -> MlaVariant {
         static WGMMA: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();

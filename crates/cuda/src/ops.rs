@@ -801,12 +801,19 @@ impl Gpu {
         router: u64,
         hnb: u64,
         logits: u64,
-        tickets: u64,
+        tickets: &DBuf<u32>,
         bias: u64,
         c: &RouteCfg,
         ids: u64,
         weights: u64,
     ) -> Result<()> {
+        if t > tickets.len() {
+            return Err(CudaError::Invalid(format!(
+                "moe_norm_route: {t} tokens, {} tickets",
+                tickets.len()
+            )));
+        }
+        let tickets = tickets.ptr();
         if c.experts == 0 || c.experts > 1024 || c.n_group > 64 || c.shared > 256 {
             return Err(CudaError::Invalid(format!(
                 "GPU routing takes 1..=1024 experts, <= 64 groups and <= 256 shared slices, \

@@ -1580,7 +1580,7 @@ fn moe_norm_route(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 rd.ptr(),
                 hnb.ptr(),
                 logits.ptr(),
-                tickets.ptr(),
+                &tickets,
                 if bias { bd.ptr() } else { 0 },
                 &rc,
                 ids.ptr(),

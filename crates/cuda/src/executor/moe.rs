@@ -118,7 +118,7 @@ impl CudaExecutor {
                     m.router.ptr(),
                     hnb.ptr(),
                     logits.ptr(),
-                    self.route_tickets.ptr(),
+                    &self.route_tickets,
                     bias,
                     &route_cfg(m, mc, s),
                     ids.ptr(),

@@ -91,8 +91,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // split), and one sequence at 8,192.
         (16, 64, 1024),
         (1, 64, 8192),
-        // Small decode steps of a 16-head model (V2-Lite), where the executor picks the
-        // mma.sync kernel up to SMALL_STEP_KEYS keys (mla_decode.rs): is 512 the right bound?
+        // Small decode steps of a 16-head model (V2-Lite): latency-bound, 1-4 tokens.
         (1, 16, 64),
         (1, 16, 512),
         (1, 16, 2048),

@@ -416,17 +416,11 @@ impl CudaExecutor {
             return None;
         }
         let heads = self.w.layers.first()?.mla.num_heads;
-        let max_keys = h.dense.max_mqa();
         let splits = self
             .gpu
-            .mqa_tc_splits(t, heads, max_keys, MQA_MAX_SPLITS)
+            .mqa_tc_splits(t, heads, h.dense.max_mqa(), MQA_MAX_SPLITS)
             .ok()?;
-        let decode_kernel = self.gpu.mqa_tc_variant(t, heads, max_keys).kernel();
-        let key = GraphKey {
-            tokens: t,
-            splits,
-            decode_kernel,
-        };
+        let key = GraphKey { tokens: t, splits };
         (!self.graphs.refused(&key)).then_some(key)
     }
 
@@ -1089,7 +1083,6 @@ impl CudaExecutor {
             q,
             layer_cache,
             keys,
-            max_keys,
             block_tables,
             bt_off,
             bs,

@@ -31,8 +31,6 @@ pub const MAX_GRAPHS: usize = 64;
 pub(crate) struct GraphKey {
     pub tokens: usize,
     pub splits: usize,
-    /// The decode kernel the step launches (it depends on the key count too).
-    pub decode_kernel: &'static str,
 }
 
 /// One captured decode step.

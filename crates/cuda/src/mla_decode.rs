@@ -161,15 +161,9 @@ impl MlaVariant {
     }
 }
 
-/// Most tokens of a decode step that [`Gpu::mqa_tc_variant`] treats as latency-bound.
-pub const SMALL_STEP_TOKENS: usize = 4;
-/// Most keys a query of such a step.
-pub const SMALL_STEP_KEYS: usize = 512;
-
 impl Gpu {
     /// [`Gpu::attn_mqa`] on tensor cores where L = 512 and R = 64 on sm_80 or newer (variant
-    /// by step shape, [`Gpu::mqa_tc_variant`]; `max_keys` bounds every query's key count),
-    /// else on the CUDA-core kernel. Same arguments, same outputs.
+    /// by head count), else on the CUDA-core kernel. Same arguments, same outputs.
     #[allow(clippy::too_many_arguments)]
     pub fn attn_mqa_tc(
         &self,
@@ -178,7 +172,6 @@ impl Gpu {
         q: u64,
         cache: u64,
         keys: &KeyLists,
-        max_keys: usize,
         block_tables: u64,
         bt_off: u64,
         block_size: usize,
@@ -187,7 +180,7 @@ impl Gpu {
         lse: u64,
         o_lat: u64,
     ) -> Result<()> {
-        let v = self.mqa_tc_variant(d.t, d.heads, max_keys);
+        let v = self.mqa_tc_variant(d.heads);
         if d.l != TC_L
             || d.r != TC_R
             || !v.runs_on(self.arch)
@@ -315,28 +308,16 @@ impl Gpu {
         )
     }
 
-    /// The variant [`Gpu::attn_mqa_tc`] runs for `t` tokens of `heads` heads and at most
-    /// `max_keys` keys a query: [`MlaVariant::choose`], except in small steps (at most
-    /// [`SMALL_STEP_TOKENS`] tokens of at most 16 heads over at most [`SMALL_STEP_KEYS`] keys),
-    /// latency-bound, where the mma.sync kernel's 16-head blocks beat the wgmma kernel's
-    /// padded 64: V2-Lite bf16 decode near context 0 (llama-bench's tg): 389 vs 378 tok/s at
-    /// 1 token, equal at 4 and in a 1-token step at context 512 (12.5 vs 12.3 µs a layer;
-    /// session 8 run 4, bench/cuda/v2lite.md; alone, timed back to back, W64 is 0.4-0.7 µs
-    /// faster at these shapes: the gain is in the PDL-chained step, and within ~3% noise,
-    /// bench/cuda/mla_decode.md). Long contexts keep the kernel that streams the cache faster. `MLASERVE_WGMMA_DECODE=0`: never the wgmma kernel; `=1`: also in small
-    /// steps (knobs for comparisons).
-    pub fn mqa_tc_variant(&self, t: usize, heads: usize, max_keys: usize) -> MlaVariant {
-        static WGMMA: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-        let knob = *WGMMA.get_or_init(|| match std::env::var("MLASERVE_WGMMA_DECODE").as_deref() {
-            Ok("0") => Some(false),
-            Ok("1") => Some(true),
-            _ => None,
-        });
-        let small = t <= SMALL_STEP_TOKENS && heads <= 16 && max_keys <= SMALL_STEP_KEYS;
-        match knob {
-            Some(false) => MlaVariant::choose_mma_sync(heads),
-            None if small => MlaVariant::choose_mma_sync(heads),
-            _ => MlaVariant::choose(heads, self.arch),
+    /// The variant [`Gpu::attn_mqa_tc`] runs for `heads` heads: [`MlaVariant::choose`], with
+    /// the wgmma kernel left out under `MLASERVE_WGMMA_DECODE=0` (a knob for comparisons).
+    pub fn mqa_tc_variant(&self, heads: usize) -> MlaVariant {
+        static WGMMA: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let wgmma = *WGMMA
+            .get_or_init(|| std::env::var("MLASERVE_WGMMA_DECODE").map_or(true, |v| v != "0"));
+        if wgmma {
+            MlaVariant::choose(heads, self.arch)
+        } else {
+            MlaVariant::choose_mma_sync(heads)
         }
     }
 
@@ -352,7 +333,7 @@ impl Gpu {
         max_splits: usize,
     ) -> Result<usize> {
         let sms = self.sm_count;
-        let hpb = self.mqa_tc_variant(t, heads, max_keys).heads_per_block();
+        let hpb = self.mqa_tc_variant(heads).heads_per_block();
         let groups = t.max(1) * heads.div_ceil(hpb);
         Ok(pick_splits(
             groups,

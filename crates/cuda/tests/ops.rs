@@ -1233,7 +1233,6 @@ fn attention_tc(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         qd.ptr(),
         cache.ptr(),
         &keys,
-        usize::MAX,
         tables.ptr(),
         bt_off.ptr(),
         bs,

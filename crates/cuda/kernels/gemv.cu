@@ -21,21 +21,11 @@ __device__ __forceinline__ void gemv_bf16_body(const float* xf, const float* gam
     __shared__ float red[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (gamma) {
-        // rms_norm's sums (a thread's elements i, i + 256, ... in order), 8 loads in flight
-        // (a loop of one load a step waits out the L2 latency 8 times at k = 2048).
+        // rms_norm's arithmetic with 8 loads in flight a thread (rms_inv_8, common.cuh).
         const int nt = blockDim.x;
         for (int mi = 0; mi < m; mi++) {
             const float* xr = xf + (i64)mi * k;
-            float ss = 0.f;
-            for (int i0 = threadIdx.x; i0 < k; i0 += 8 * nt) {
-                float v[8];
-#pragma unroll
-                for (int u = 0; u < 8; u++) v[u] = i0 + u * nt < k ? xr[i0 + u * nt] : 0.f;
-#pragma unroll
-                for (int u = 0; u < 8; u++) ss += v[u] * v[u];
-            }
-            ss = block_sum(ss, red);
-            float inv = rsqrtf(ss / k + eps);
+            const float inv = rms_inv_8(xr, k, eps, red);
             for (int i0 = threadIdx.x; i0 < k; i0 += 8 * nt) {
                 float xv[8], gv[8];
 #pragma unroll

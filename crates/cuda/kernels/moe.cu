@@ -126,17 +126,7 @@ extern "C" __global__ void moe_norm_route(const float* x, const float* gamma, fl
     const int j = blockIdx.x, t = blockIdx.y;
     const float* xr = x + (i64)t * h;
     const int nt = blockDim.x;
-    // rms_norm's sums (a thread's elements i, i + 256, ... in order), 8 loads in flight.
-    float ss = 0.f;
-    for (int i0 = threadIdx.x; i0 < h; i0 += 8 * nt) {
-        float v[8];
-#pragma unroll
-        for (int u = 0; u < 8; u++) v[u] = i0 + u * nt < h ? xr[i0 + u * nt] : 0.f;
-#pragma unroll
-        for (int u = 0; u < 8; u++) ss += v[u] * v[u];
-    }
-    ss = block_sum(ss, red);
-    float inv = rsqrtf(ss / h + eps);
+    const float inv = rms_inv_8(xr, h, eps, red);  // rms_norm's, 8 loads in flight
     const float* wr = router + (i64)j * h;
     float dot = 0.f;
     for (int i0 = threadIdx.x; i0 < h; i0 += 8 * nt) {

@@ -749,6 +749,31 @@ pub struct RouteCfg {
     pub shared: usize,
 }
 
+impl RouteCfg {
+    /// The routing kernels' arguments (E, K, shared slices, gating, groups, top groups, norm,
+    /// scale), or an error naming what their shared arrays cannot hold.
+    #[allow(clippy::type_complexity)]
+    fn kernel_args(&self) -> Result<(i32, i32, i32, i32, i32, i32, i32, f32)> {
+        if self.experts == 0 || self.experts > 1024 || self.n_group > 64 || self.shared > 256 {
+            return Err(CudaError::Invalid(format!(
+                "GPU routing takes 1..=1024 experts, <= 64 groups and <= 256 shared slices, \
+                 got {} / {} / {}",
+                self.experts, self.n_group, self.shared
+            )));
+        }
+        Ok((
+            self.experts as i32,
+            self.top_k as i32,
+            self.shared as i32,
+            self.gating,
+            self.n_group as i32,
+            self.topk_group as i32,
+            self.norm as i32,
+            self.scale,
+        ))
+    }
+}
+
 impl Gpu {
     /// Routing of `t` tokens: logits [T, E] f32 (+ optional bias [E]) -> ids [T, K + S] i32
     /// and weights [T, K + S] f32: the top-k best first, exactly the CPU `route` rules, then
@@ -762,22 +787,7 @@ impl Gpu {
         ids: u64,
         weights: u64,
     ) -> Result<()> {
-        if c.experts > 1024 || c.n_group > 64 || c.shared > 256 {
-            return Err(CudaError::Invalid(format!(
-                "GPU routing takes <= 1024 experts, <= 64 groups and <= 256 shared slices, \
-                 got {} / {} / {}",
-                c.experts, c.n_group, c.shared
-            )));
-        }
-        let (e, k, g, ng, tg, norm) = (
-            c.experts as i32,
-            c.top_k as i32,
-            c.gating,
-            c.n_group as i32,
-            c.topk_group as i32,
-            c.norm as i32,
-        );
-        let (scale, ns) = (c.scale, c.shared as i32);
+        let (e, k, ns, g, ng, tg, norm, scale) = c.kernel_args()?;
         self.launch(
             "moe_route",
             Gpu::cfg(grid1(t), 256),
@@ -814,22 +824,8 @@ impl Gpu {
             )));
         }
         let tickets = tickets.ptr();
-        if c.experts == 0 || c.experts > 1024 || c.n_group > 64 || c.shared > 256 {
-            return Err(CudaError::Invalid(format!(
-                "GPU routing takes 1..=1024 experts, <= 64 groups and <= 256 shared slices, \
-                 got {} / {} / {}",
-                c.experts, c.n_group, c.shared
-            )));
-        }
-        let (e, k, g, ng, tg, norm) = (
-            c.experts as i32,
-            c.top_k as i32,
-            c.gating,
-            c.n_group as i32,
-            c.topk_group as i32,
-            c.norm as i32,
-        );
-        let (scale, ns, h32) = (c.scale, c.shared as i32, h as i32);
+        let (e, k, ns, g, ng, tg, norm, scale) = c.kernel_args()?;
+        let h32 = h as i32;
         self.launch(
             "moe_norm_route",
             Gpu::cfg((c.experts as u32, t as u32, 1), 256),

@@ -22,7 +22,7 @@
 //! int8 x); a failing one is reported and not timed. Results: bench/cuda/qgemv.md.
 //!
 //! ```text
-//! cargo run --release -p mlaserve-cuda --example qgemv -- [--json out.json] [--shape i]
+//! cargo run --release -p mlaserve-cuda --example qgemv -- [--json out.json] [--shape i] [--m 1,2,4]
 //! ```
 
 #[path = "common/mod.rs"]
@@ -138,7 +138,13 @@ fn main() -> Res<()> {
         ("V3 gate/up", 18432, 7168),
         ("V3 down", 7168, 18432),
     ];
-    let ms = [1usize, 2, 4, 8, 16, 64];
+    let ms: Vec<usize> = match arg("--m") {
+        Some(list) => list
+            .split(',')
+            .map(|v| v.parse())
+            .collect::<Result<_, _>>()?,
+        None => vec![1, 2, 4, 8, 16, 64],
+    };
     let mut rows_json = Vec::new();
     let mut table = Vec::new();
     for (si, &(name, rows, k)) in shapes.iter().enumerate() {
@@ -253,11 +259,12 @@ fn main() -> Res<()> {
                     .copied()
                     .filter(|v| m == 1 && v.mt == 1)
                 {
-                    let is_default = Some(v) == QmvVariant::for_m(1, rows);
+                    let is_default = Some(v) == QmvVariant::for_m(ty, 1);
                     let label = format!(
-                        "qmv r{}m{}{}",
+                        "qmv r{}m{}{}{}",
                         v.r,
                         v.mt,
+                        if v.wide { "w" } else { "" },
                         if is_default { " (default)" } else { "" }
                     );
                     // Check on copy 0 with a poisoned output.
@@ -287,7 +294,7 @@ fn main() -> Res<()> {
                         100.0 * gbs / COPY_GBS,
                         ratio
                     );
-                    rows_json.push(serde_json::json!({"shape": name, "rows": rows, "k": k, "m": m, "kernel": format!("{ty:?} {label}"), "variant": format!("r{}", v.r), "default": is_default, "us_median": us, "gb_s": gbs, "bytes": bytes, "rel_err": err, "rel_err_vs_bf16_x": err_x, "vs_bf16_cublas": ratio}));
+                    rows_json.push(serde_json::json!({"shape": name, "rows": rows, "k": k, "m": m, "kernel": format!("{ty:?} {label}"), "variant": v.kernel(ty), "default": is_default, "us_median": us, "gb_s": gbs, "bytes": bytes, "rel_err": err, "rel_err_vs_bf16_x": err_x, "vs_bf16_cublas": ratio}));
                     if best.as_ref().is_none_or(|b| us < b.0) {
                         best = Some((us, label));
                     }

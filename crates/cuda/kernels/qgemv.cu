@@ -75,13 +75,24 @@ __device__ __forceinline__ int dp4a4(uint4 a, uint4 b, int c) {
     return __dp4a((int)a.w, (int)b.w, c);
 }
 
-__device__ __forceinline__ uint4 nib_lo(uint4 q) {
-    return make_uint4(q.x & 0x0f0f0f0fu, q.y & 0x0f0f0f0fu, q.z & 0x0f0f0f0fu, q.w & 0x0f0f0f0fu);
+// dp4a of four unsigned bytes of a (0..255) with four signed bytes of b, plus c.
+__device__ __forceinline__ int dp4a_us(unsigned a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
 }
 
-__device__ __forceinline__ uint4 nib_hi(uint4 q) {
-    return make_uint4((q.x >> 4) & 0x0f0f0f0fu, (q.y >> 4) & 0x0f0f0f0fu,
-                      (q.z >> 4) & 0x0f0f0f0fu, (q.w >> 4) & 0x0f0f0f0fu);
+// The high nibbles of q in place (16 * nibble, one per byte) against x: 16 times the dot
+// product of the nibbles, one mask a word instead of a shift and a mask.
+__device__ __forceinline__ int dp4a4_hi16(uint4 q, uint4 x, int c) {
+    c = dp4a_us(q.x & 0xf0f0f0f0u, (int)x.x, c);
+    c = dp4a_us(q.y & 0xf0f0f0f0u, (int)x.y, c);
+    c = dp4a_us(q.z & 0xf0f0f0f0u, (int)x.z, c);
+    return dp4a_us(q.w & 0xf0f0f0f0u, (int)x.w, c);
+}
+
+__device__ __forceinline__ uint4 nib_lo(uint4 q) {
+    return make_uint4(q.x & 0x0f0f0f0fu, q.y & 0x0f0f0f0fu, q.z & 0x0f0f0f0fu, q.w & 0x0f0f0f0fu);
 }
 
 // One 32-value block of x (bf16, 16-byte aligned) quantized by one thread: 32 int8 to `q`
@@ -152,11 +163,11 @@ __device__ __forceinline__ void q4k_pair(uint4 hd, int h, float& d0, float& d1, 
     m1 = dm * (byte_f(mn, 1) - 8388608.f);
 }
 
-// One step of a warp's walk: the weights one lane loads (R rows), prefetched QMV_DEPTH
-// steps ahead.
-template <int TY, int R>
+// One step of a warp's walk: the weights one lane loads (R rows, NQ 16-byte words of quants
+// each), requested DEPTH steps before the step that uses them is computed.
+template <int TY, int R, int NQ>
 struct QmvStep {
-    uint4 q[R];
+    uint4 q[R][NQ];
     uint4 hd[R];  // Q4_K header; Q8_0: .x holds the f16 scale
 };
 
@@ -175,12 +186,19 @@ struct QmvStep {
 // Each block first quantizes its x rows into shared memory (q8_block, the rule of
 // q8_quantize_x), so no separate launch or global round trip is needed, and every weight
 // loaded serves all nv vectors. Persistent: block 256 (8 warps), grid.x at most the CTAs
-// resident at once. Warp gw of the grid walks the row groups gw, gw + warps, ... (R rows
-// each) and in each every K step (Q8_0: 16 quants a lane, 512 a warp; Q4_K: a 16-byte
-// quarter of a super-block's nibbles a lane, 4 super-blocks a warp), with the weights of
-// the next DEPTH steps in flight (across row groups too), the first ones requested before
-// x is quantized. Lanes' partial sums are reduced (fixed order) at the end of each group.
-template <int TY, int R, int MT, int DEPTH>
+// resident at once. A warp walks row groups of R rows, in each every K step, with the weights
+// of the next DEPTH steps in flight while it computes one (across row groups too), the
+// first ones requested before x is quantized. A lane's share of a step is NQ 16-byte words of
+// quants a row:
+// - Q8_0: 16 * NQ quants (one scale), 512 * NQ a warp;
+// - Q4_K: NQ = 1, a quarter of the nibbles of sub-blocks 2h, 2h + 1 (8 lanes a super-block,
+//   4 super-blocks a warp); NQ = 2, all 32 bytes of the pair (4 lanes a super-block, 8 a
+//   warp), so the 16-byte header each lane loads and decodes serves 64 weights, not 32.
+// Warp gw of the grid walks the row groups gw, gw + nw, ... (nw warps in the grid). (Drawing
+// each next group from one atomic counter instead, to even out the tail, measured up to 1.8x
+// slower on the MLP shapes in session 9, and never faster by more than 1%.) A warp owns its
+// rows and sums its lanes in a fixed order.
+template <int TY, int R, int MT, int DEPTH, int NQ>
 __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_ptrs,
                                       unsigned long long w0, int first, int held,
                                       const int* __restrict__ ids, const bf16* __restrict__ x,
@@ -208,11 +226,14 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
             if (lane < R && g * R + lane < rows) out[(i64)orow * rows + g * R + lane] = 0.f;
         return;
     }
+    constexpr int QV = 16 * NQ;      // Q8_0: quants a lane a step
+    constexpr int LPS = 8 / NQ;      // Q4_K: lanes a super-block
+    constexpr int SPS = 32 / LPS;    // Q4_K: super-blocks a warp step
     const int nsb = k >> 8, nb = k >> 5;
-    const int steps = TY == QT_Q8_0 ? (k + 511) / 512 : (nsb + 3) / 4;
-    const int mine = gw < groups ? (groups - gw + nw - 1) / nw : 0;
-    const int items = mine * steps;
-    const int i8 = lane & 7, h = i8 >> 1, lo = (i8 & 1) * 16;  // Q4_K lane roles
+    const int steps = TY == QT_Q8_0 ? (k + 32 * QV - 1) / (32 * QV) : (nsb + SPS - 1) / SPS;
+    // Q4_K lane roles: super-block lane / LPS of the step, sub-block pair h, and (NQ = 1)
+    // which half of the pair's 32 bytes, lo.
+    const int il = lane % LPS, h = NQ == 2 ? il : il >> 1, lo = NQ == 2 ? 0 : (il & 1) * 16;
     const unsigned short* wd = (const unsigned short*)(w + (i64)rows * k);  // Q8_0 scales
     const i64 rb = TY == QT_Q8_0 ? (i64)k : (i64)nsb * 144;  // bytes a row (quants)
     // The load cursor: step ls of row group lg, whose rows start at lw[r] (scales at lwd[r]).
@@ -230,26 +251,26 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
         }
     };
     rows_of(lg);
-    auto load = [&](QmvStep<TY, R>& st) {
+    // Requests the load cursor's step into st (nothing past the last group) and advances.
+    auto load = [&](QmvStep<TY, R, NQ>& st) {
+        if (lg >= groups) return;
 #pragma unroll
         for (int r = 0; r < R; r++) {
             if constexpr (TY == QT_Q8_0) {
-                const int c = ls * 512 + lane * 16;
-                if (c < k) {
-                    st.q[r] = ldg16(lw[r] + c);
+                const int c = ls * 32 * QV + lane * QV;
+                if (c < k) {  // k % 32 == 0: all QV quants are in the row
+#pragma unroll
+                    for (int j = 0; j < NQ; j++) st.q[r][j] = ldg16(lw[r] + c + 16 * j);
                     st.hd[r].x = __ldg(lwd[r] + (c >> 5));
-                } else {
-                    st.q[r] = make_uint4(0u, 0u, 0u, 0u);
-                    st.hd[r].x = 0u;
                 }
             } else {
-                const int sb = ls * 4 + (lane >> 3);
+                const int sb = ls * SPS + lane / LPS;
                 if (sb < nsb) {
                     const unsigned char* blk = lw[r] + sb * 144;
                     st.hd[r] = ldg16(blk);
-                    st.q[r] = ldg16(blk + 16 + 16 * i8);
-                } else {
-                    st.hd[r] = st.q[r] = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+                    for (int j = 0; j < NQ; j++)
+                        st.q[r][j] = ldg16(blk + 16 + 32 * h + lo + 16 * j);
                 }
             }
         }
@@ -259,10 +280,14 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
             rows_of(lg);
         }
     };
-    QmvStep<TY, R> pre[DEPTH];
+    // pre[d] holds the step of group grp[d] (>= groups: none).
+    QmvStep<TY, R, NQ> pre[DEPTH];
+    int grp[DEPTH];
 #pragma unroll
-    for (int d = 0; d < DEPTH; d++)
-        if (d < items) load(pre[d]);
+    for (int d = 0; d < DEPTH; d++) {
+        grp[d] = lg;
+        load(pre[d]);
+    }
     for (int v = 0; v < nv; v++) {
         const bf16* xrow = x + (i64)(xr + v) * k;
         for (int b = threadIdx.x; b < nb; b += blockDim.x)
@@ -274,115 +299,146 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     for (int v = 0; v < MT; v++)
 #pragma unroll
         for (int r = 0; r < R; r++) acc[v][r] = 0.f;
-    int s = 0, row0 = gw * R;  // the compute cursor: step s of the group at row0
-    for (int base = 0; base < items; base += DEPTH) {
+    int s = 0;  // the compute cursor's step (its group: grp[d])
+    for (bool more = true; more;) {
 #pragma unroll
         for (int d = 0; d < DEPTH; d++) {
-            const int it = base + d;
-            if (it < items) {
-                const QmvStep<TY, R> cur = pre[d];
-                if (it + DEPTH < items) load(pre[d]);
-                if constexpr (TY == QT_Q8_0) {
-                    const int c = s * 512 + lane * 16;
-                    if (c < k) {
-                        float dw[R];
+            if (grp[d] >= groups) {
+                more = false;
+                break;
+            }
+            // The step computed now, copied out so the step DEPTH ahead can load into its slot
+            // first (DEPTH steps in flight while one is computed).
+            const QmvStep<TY, R, NQ> cur = pre[d];
+            const int cg = grp[d];
+            grp[d] = lg;
+            load(pre[d]);
+            if constexpr (TY == QT_Q8_0) {
+                const int c = s * 32 * QV + lane * QV;
+                if (c < k) {
+                    float dw[R];
 #pragma unroll
-                        for (int r = 0; r < R; r++) dw[r] = h2f((unsigned short)cur.hd[r].x);
+                    for (int r = 0; r < R; r++) dw[r] = h2f((unsigned short)cur.hd[r].x);
 #pragma unroll
-                        for (int v = 0; v < MT; v++) {
-                            if (v < nv) {
-                                const uint4 xv = *(const uint4*)(xq + v * k + c);
-                                const float dx = xd[v * nb + (c >> 5)];
+                    for (int v = 0; v < MT; v++) {
+                        if (v < nv) {
+                            uint4 xv[NQ];
 #pragma unroll
-                                for (int r = 0; r < R; r++)
-                                    acc[v][r] = fmaf((float)dp4a4(cur.q[r], xv, 0), dw[r] * dx,
-                                                     acc[v][r]);
+                            for (int j = 0; j < NQ; j++)
+                                xv[j] = *(const uint4*)(xq + v * k + c + 16 * j);
+                            const float dx = xd[v * nb + (c >> 5)];
+#pragma unroll
+                            for (int r = 0; r < R; r++) {
+                                int t = 0;
+#pragma unroll
+                                for (int j = 0; j < NQ; j++) t = dp4a4(cur.q[r][j], xv[j], t);
+                                acc[v][r] = fmaf((float)t, dw[r] * dx, acc[v][r]);
                             }
                         }
                     }
-                } else {
-                    const int sb = s * 4 + (lane >> 3);
-                    if (sb < nsb) {
-                        float d0[R], d1[R], m0[R], m1[R];
-                        uint4 ql[R], qh[R];
+                }
+            } else {
+                const int sb = s * SPS + lane / LPS;
+                if (sb < nsb) {
+                    float d0[R], d1[R], m0[R], m1[R];
 #pragma unroll
-                        for (int r = 0; r < R; r++) {
-                            q4k_pair(cur.hd[r], h, d0[r], d1[r], m0[r], m1[r]);
-                            ql[r] = nib_lo(cur.q[r]);
-                            qh[r] = nib_hi(cur.q[r]);
-                        }
-                        const int xo = sb * 256 + 64 * h, bi = xo >> 5;
+                    for (int r = 0; r < R; r++) q4k_pair(cur.hd[r], h, d0[r], d1[r], m0[r], m1[r]);
+                    const int xo = sb * 256 + 64 * h, bi = xo >> 5;
 #pragma unroll
-                        for (int v = 0; v < MT; v++) {
-                            if (v < nv) {
-                                const signed char* xv = xq + v * k + xo;
-                                const uint4 xa = *(const uint4*)(xv + lo);
-                                const uint4 xb = *(const uint4*)(xv + 32 + lo);
-                                const float* dv = xd + v * nb;
-                                const float* sv = xs + v * nb;
-                                const float dx0 = dv[bi], dx1 = dv[bi + 1];
-                                // The mins cover whole sub-blocks: one lane of each pair
-                                // adds them.
-                                const float sx0 = (i8 & 1) ? 0.f : sv[bi];
-                                const float sx1 = (i8 & 1) ? 0.f : sv[bi + 1];
+                    for (int v = 0; v < MT; v++) {
+                        if (v < nv) {
+                            // x of sub-blocks 2h (xa) and 2h + 1 (xb) this lane's nibbles meet
+                            const signed char* xv = xq + v * k + xo + lo;
+                            uint4 xa[NQ], xb[NQ];
 #pragma unroll
-                                for (int r = 0; r < R; r++) {
-                                    const int s0 = dp4a4(ql[r], xa, 0);
-                                    const int s1 = dp4a4(qh[r], xb, 0);
-                                    float a = acc[v][r];
-                                    a = fmaf((float)s0, d0[r] * dx0, a);
-                                    a = fmaf((float)s1, d1[r] * dx1, a);
-                                    a = fmaf(-m0[r], sx0, a);
-                                    acc[v][r] = fmaf(-m1[r], sx1, a);
+                            for (int j = 0; j < NQ; j++) {
+                                xa[j] = *(const uint4*)(xv + 16 * j);
+                                xb[j] = *(const uint4*)(xv + 32 + 16 * j);
+                            }
+                            const float* dv = xd + v * nb;
+                            const float* sv = xs + v * nb;
+                            const float dx0 = dv[bi];
+                            const float dx1 = dv[bi + 1] * 0.0625f;  // hi nibbles: 16 q
+                            // The mins cover whole sub-blocks: one lane of each pair adds
+                            // them (NQ = 1).
+                            const bool mins = NQ == 2 || !(il & 1);
+                            const float sx0 = mins ? sv[bi] : 0.f;
+                            const float sx1 = mins ? sv[bi + 1] : 0.f;
+#pragma unroll
+                            for (int r = 0; r < R; r++) {
+                                int s0 = 0, s1 = 0;
+#pragma unroll
+                                for (int j = 0; j < NQ; j++) {
+                                    s0 = dp4a4(nib_lo(cur.q[r][j]), xa[j], s0);
+                                    s1 = dp4a4_hi16(cur.q[r][j], xb[j], s1);
                                 }
+                                float a = acc[v][r];
+                                a = fmaf((float)s0, d0[r] * dx0, a);
+                                a = fmaf((float)s1, d1[r] * dx1, a);
+                                a = fmaf(-m0[r], sx0, a);
+                                acc[v][r] = fmaf(-m1[r], sx1, a);
                             }
                         }
                     }
                 }
-                if (++s == steps) {
+            }
+            if (s == steps - 1) {
+                const int row0 = cg * R;
 #pragma unroll
-                    for (int v = 0; v < MT; v++)
+                for (int v = 0; v < MT; v++)
 #pragma unroll
-                        for (int r = 0; r < R; r++) {
-                            const float t = warp_sum(acc[v][r]);
-                            acc[v][r] = 0.f;
-                            if (lane == 0 && v < nv && row0 + r < rows) {
-                                float* o = out + (i64)(orow + v) * rows + row0 + r;
-                                *o = accumulate ? *o + t : t;
-                            }
+                    for (int r = 0; r < R; r++) {
+                        const float t = warp_sum(acc[v][r]);
+                        acc[v][r] = 0.f;
+                        if (lane == 0 && v < nv && row0 + r < rows) {
+                            float* o = out + (i64)(orow + v) * rows + row0 + r;
+                            *o = accumulate ? *o + t : t;
                         }
-                    s = 0;
-                    row0 += nw * R;
-                }
+                    }
+                s = 0;
+            } else {
+                s++;
             }
         }
     }
 }
 
-#define QMV_ENTRY(TYN, TY, R, MT, DEPTH, MINB)                                                 \
+// qmv_<type>_r<R>m<MT>[w]: w = two 16-byte words of quants a lane a step (NQ = 2).
+#define QMV_ENTRY(TYN, TY, R, MT, DEPTH, MINB, NQ, SUF)                                        \
     extern "C" __global__ void __launch_bounds__(256, MINB)                                    \
-        qmv_##TYN##_r##R##m##MT(const unsigned long long* w_ptrs, unsigned long long w0,       \
-                                int first, int held, const int* ids, const bf16* x, int x_div, \
-                                int rows, int k, int m, int accumulate, float* out) {          \
+        qmv_##TYN##_r##R##m##MT##SUF(const unsigned long long* w_ptrs, unsigned long long w0,  \
+                                     int first, int held, const int* ids, const bf16* x,       \
+                                     int x_div, int rows, int k, int m, int accumulate,        \
+                                     float* out) {                                             \
         MLA_PDL();                                                                             \
-        qmv_t<TY, R, MT, DEPTH>(w_ptrs, w0, first, held, ids, x, x_div, rows, k, m,            \
-                                accumulate, out);                                              \
+        qmv_t<TY, R, MT, DEPTH, NQ>(w_ptrs, w0, first, held, ids, x, x_div, rows, k, m,        \
+                                    accumulate, out);                                          \
     }
 // qgemv.rs's QmvVariant::ALL lists these (type, rows a warp, vectors, steps in flight: 4, 2
-// where registers bind; CTAs an SM). 8 rows a warp (one CTA an SM for the registers) measured
-// 0-16% slower than 4 at every shape in session 6 (bench/cuda/qgemv.md).
-QMV_ENTRY(q8_0, QT_Q8_0, 1, 1, 4, 2)
-QMV_ENTRY(q8_0, QT_Q8_0, 2, 1, 4, 2)
-QMV_ENTRY(q8_0, QT_Q8_0, 4, 1, 2, 2)
-QMV_ENTRY(q8_0, QT_Q8_0, 2, 2, 4, 2)
-QMV_ENTRY(q8_0, QT_Q8_0, 2, 4, 2, 2)
-QMV_ENTRY(q8_0, QT_Q8_0, 2, 8, 2, 2)
-QMV_ENTRY(q4_k, QT_Q4_K, 1, 1, 4, 2)
-QMV_ENTRY(q4_k, QT_Q4_K, 2, 1, 4, 2)
-QMV_ENTRY(q4_k, QT_Q4_K, 4, 1, 2, 2)
-QMV_ENTRY(q4_k, QT_Q4_K, 2, 2, 4, 2)
-QMV_ENTRY(q4_k, QT_Q4_K, 2, 4, 2, 2)
-QMV_ENTRY(q4_k, QT_Q4_K, 2, 8, 2, 2)
+// or 1 where registers bind; CTAs an SM; words a lane). 8 rows a warp (one CTA an SM for
+// the registers) measured 0-16% slower than 4 at every shape in session 6 (bench/cuda/qgemv.md).
+QMV_ENTRY(q8_0, QT_Q8_0, 1, 1, 4, 2, 1, )
+QMV_ENTRY(q8_0, QT_Q8_0, 2, 1, 4, 2, 1, )
+QMV_ENTRY(q8_0, QT_Q8_0, 4, 1, 2, 2, 1, )
+QMV_ENTRY(q8_0, QT_Q8_0, 2, 2, 4, 2, 1, )
+QMV_ENTRY(q8_0, QT_Q8_0, 2, 4, 2, 2, 1, )
+QMV_ENTRY(q8_0, QT_Q8_0, 2, 8, 2, 2, 1, )
+QMV_ENTRY(q8_0, QT_Q8_0, 2, 1, 2, 2, 2, w)
+QMV_ENTRY(q8_0, QT_Q8_0, 4, 1, 1, 2, 2, w)
+QMV_ENTRY(q8_0, QT_Q8_0, 2, 2, 2, 2, 2, w)
+QMV_ENTRY(q8_0, QT_Q8_0, 2, 4, 2, 2, 2, w)
+QMV_ENTRY(q8_0, QT_Q8_0, 2, 8, 2, 2, 2, w)
+QMV_ENTRY(q4_k, QT_Q4_K, 1, 1, 4, 2, 1, )
+QMV_ENTRY(q4_k, QT_Q4_K, 2, 1, 3, 2, 1, )
+QMV_ENTRY(q4_k, QT_Q4_K, 4, 1, 1, 2, 1, )
+QMV_ENTRY(q4_k, QT_Q4_K, 2, 2, 3, 2, 1, )
+QMV_ENTRY(q4_k, QT_Q4_K, 2, 4, 2, 2, 1, )
+QMV_ENTRY(q4_k, QT_Q4_K, 2, 8, 2, 2, 1, )
+QMV_ENTRY(q4_k, QT_Q4_K, 2, 1, 2, 2, 2, w)
+QMV_ENTRY(q4_k, QT_Q4_K, 4, 1, 1, 2, 2, w)
+QMV_ENTRY(q4_k, QT_Q4_K, 2, 2, 2, 2, 2, w)
+QMV_ENTRY(q4_k, QT_Q4_K, 2, 4, 2, 2, 2, w)
+QMV_ENTRY(q4_k, QT_Q4_K, 2, 8, 1, 2, 2, w)
 
 // Two f32 -> bf16x2 (lo in the low half), rounded to nearest even: one cvt on sm_80+, f2bf
 // before. Dequantized weights are finite, where both agree bit for bit.

@@ -153,15 +153,15 @@ pub enum QPath {
 }
 
 impl QPath {
-    /// The path for `m` rows of x against a [rows, k] matrix, given the GPU's opt-in shared
+    /// The path for `m` rows of x against a matrix of `k` columns, given the GPU's opt-in shared
     /// memory per block and whether it has the tensor-core kernels (sm_80+). The GEMV takes up
     /// to [`QMV_GEMV_MAX_M`] rows where x leaves room for two blocks per SM (one block of an
     /// 8-row GEMV over K = 18,432 measured slower than the tensor-core kernel), or one row
     /// wherever it fits; without tensor cores, up to 32 rows wherever they fit.
-    pub fn choose(m: usize, rows: usize, k: usize, max_smem: usize, tc: bool) -> Self {
+    pub fn choose(m: usize, k: usize, max_smem: usize, tc: bool) -> Self {
         let fits = |m: usize, share: usize| {
             k <= QMV_MAX_K
-                && QmvVariant::for_m(m.min(QmvVariant::MAX_M), rows)
+                && QmvVariant::for_m(QType::Q8_0, m.min(QmvVariant::MAX_M))
                     .is_some_and(|v| v.smem(k) <= max_smem / share)
         };
         if (m <= QMV_GEMV_MAX_M && (fits(m, 2) || (m == 1 && fits(1, 1))))
@@ -176,46 +176,66 @@ impl QPath {
     }
 }
 
-/// One GEMV kernel: `r` rows a warp, up to `mt` vectors (`qmv_<ty>_r<r>m<mt>`).
+/// One GEMV kernel: `r` rows a warp, up to `mt` vectors, and `wide`: a lane loads two
+/// 16-byte words of quants a row a step instead of one (Q8_0: 32 quants; Q4_K: a whole
+/// sub-block pair, so each header a lane loads serves 64 weights, not 32)
+/// (`qmv_<ty>_r<r>m<mt>[w]`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QmvVariant {
     pub r: usize,
     pub mt: usize,
+    pub wide: bool,
 }
 
 impl QmvVariant {
     /// Every kernel `qgemv.cu` instantiates (per type).
-    pub const ALL: [QmvVariant; 6] = [
-        QmvVariant { r: 1, mt: 1 },
-        QmvVariant { r: 2, mt: 1 },
-        QmvVariant { r: 4, mt: 1 },
-        QmvVariant { r: 2, mt: 2 },
-        QmvVariant { r: 2, mt: 4 },
-        QmvVariant { r: 2, mt: 8 },
+    pub const ALL: [QmvVariant; 11] = [
+        QmvVariant::narrow(1, 1),
+        QmvVariant::narrow(2, 1),
+        QmvVariant::narrow(4, 1),
+        QmvVariant::narrow(2, 2),
+        QmvVariant::narrow(2, 4),
+        QmvVariant::narrow(2, 8),
+        QmvVariant::wide(2, 1),
+        QmvVariant::wide(4, 1),
+        QmvVariant::wide(2, 2),
+        QmvVariant::wide(2, 4),
+        QmvVariant::wide(2, 8),
     ];
+
+    const fn narrow(r: usize, mt: usize) -> Self {
+        QmvVariant { r, mt, wide: false }
+    }
+
+    const fn wide(r: usize, mt: usize) -> Self {
+        QmvVariant { r, mt, wide: true }
+    }
 
     /// Most vectors one launch takes.
     pub const MAX_M: usize = 8;
 
-    /// The kernel for `m` vectors (1..=8) against `rows` rows: one vector, 2 rows a warp, 4
-    /// from 4,096 rows on (the lab's fastest on V2-Lite and V3 shapes, bench/cuda/qgemv.md);
-    /// more vectors, 2 rows a warp.
-    pub fn for_m(m: usize, rows: usize) -> Option<Self> {
-        match m {
-            1 if rows >= 4096 => Some(QmvVariant { r: 4, mt: 1 }),
-            1 => Some(QmvVariant { r: 2, mt: 1 }),
-            2 => Some(QmvVariant { r: 2, mt: 2 }),
-            3 | 4 => Some(QmvVariant { r: 2, mt: 4 }),
-            5..=8 => Some(QmvVariant { r: 2, mt: 8 }),
-            _ => None,
-        }
+    /// The kernel for `m` vectors (1..=8) of a `ty` matrix: 2 rows a warp; two words a lane
+    /// for one vector, and for more with Q8_0 (session 9, bench/cuda/qgemv.md: at one vector
+    /// within 3% of the lab's fastest variant on the V3 and V2-Lite MLP shapes; at 2 and 4
+    /// vectors 10-25% faster than one word for Q8_0, 0-30% slower for Q4_K).
+    pub fn for_m(ty: QType, m: usize) -> Option<Self> {
+        let wide = m == 1 || ty == QType::Q8_0;
+        let mt = match m {
+            1 => 1,
+            2 => 2,
+            3 | 4 => 4,
+            5..=8 => 8,
+            _ => return None,
+        };
+        Some(QmvVariant { r: 2, mt, wide })
     }
 
     /// The expert GEMV's kernel (its pairs run side by side, each over few rows).
-    pub const PAIRS: QmvVariant = QmvVariant { r: 2, mt: 1 };
+    pub const PAIRS: QmvVariant = QmvVariant::wide(2, 1);
 
     pub fn kernel(self, ty: QType) -> String {
-        format!("qmv_{}_r{}m{}", ty.tag(), self.r, self.mt)
+        let w = if self.wide { "w" } else { "" };
+        format!("qmv_{}_r{}m{}{w}", ty.tag(), self.r, self.mt)
     }
 
     /// CTAs of 8 warps covering `rows` rows once.
@@ -227,6 +247,23 @@ impl QmvVariant {
     pub fn smem(self, k: usize) -> usize {
         self.mt * (k + k / 32 * 8)
     }
+}
+
+/// `MLASERVE_QMV_WIDE=0` (comparisons, read once): the one-word kernel where
+/// [`QmvVariant::for_m`] or [`QmvVariant::PAIRS`] name a wide one.
+fn narrow_only(v: QmvVariant) -> QmvVariant {
+    static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let wide = *WIDE.get_or_init(|| std::env::var("MLASERVE_QMV_WIDE").map_or(true, |v| v != "0"));
+    if wide {
+        v
+    } else {
+        narrow_only_twin(v)
+    }
+}
+
+/// `v` with one word a lane.
+fn narrow_only_twin(v: QmvVariant) -> QmvVariant {
+    QmvVariant { wide: false, ..v }
 }
 
 impl Gpu {
@@ -311,13 +348,13 @@ impl Gpu {
         out: u64,
         accumulate: bool,
     ) -> Result<()> {
-        let v = QmvVariant::for_m(m, w.rows).ok_or_else(|| {
+        let v = QmvVariant::for_m(w.ty, m).ok_or_else(|| {
             CudaError::Invalid(format!(
                 "qmv takes 1..={} vectors, got {m}",
                 QmvVariant::MAX_M
             ))
         })?;
-        self.qmv_variant(w, x, row0, m, out, accumulate, v, None)
+        self.qmv_variant(w, x, row0, m, out, accumulate, narrow_only(v), None)
     }
 
     /// [`Gpu::qmv`] with an explicit kernel and an optional cap on the persistent grid (the
@@ -437,7 +474,7 @@ impl Gpu {
                 "qmv_pairs: {pairs} pairs (at most 65,535), x_div {x_div}"
             )));
         }
-        let v = QmvVariant::PAIRS;
+        let v = narrow_only(QmvVariant::PAIRS);
         let name = v.kernel(ty);
         let smem = v.smem(k);
         // Persistent over row groups, the pairs side by side.
@@ -509,7 +546,7 @@ impl Gpu {
             return Ok(());
         }
         let tc = self.has_flash_attn();
-        match QPath::choose(m, w.rows, w.cols, self.max_smem_per_block, tc) {
+        match QPath::choose(m, w.cols, self.max_smem_per_block, tc) {
             QPath::Gemv => {
                 for r0 in (0..m).step_by(QmvVariant::MAX_M) {
                     let n = (m - r0).min(QmvVariant::MAX_M);
@@ -574,23 +611,30 @@ mod tests {
                 } else {
                     "QT_Q4_K"
                 };
+                let (nq, suf) = if v.wide { (2, "w") } else { (1, "") };
                 let entry = format!("QMV_ENTRY({}, {ty_macro}, {}, {}, ", ty.tag(), v.r, v.mt);
+                let tail = format!(", {nq}, {suf})");
                 assert!(
-                    crate::kernels::SOURCE.contains(&entry),
-                    "{entry} not instantiated"
+                    crate::kernels::SOURCE
+                        .lines()
+                        .any(|l| l.starts_with(&entry) && l.ends_with(&tail)),
+                    "{entry}..{tail} not instantiated"
                 );
             }
         }
-        for rows in [1, 4095, 4096, 1 << 20] {
+        for ty in [QType::Q8_0, QType::Q4K] {
             for m in 1..=QmvVariant::MAX_M {
-                let v = QmvVariant::for_m(m, rows).unwrap();
+                let v = QmvVariant::for_m(ty, m).unwrap();
                 assert!(
                     QmvVariant::ALL.contains(&v) && v.mt >= m,
-                    "{m} {rows}: {v:?}"
+                    "{ty:?} {m}: {v:?}"
                 );
+                // Every kernel's narrow twin exists (MLASERVE_QMV_WIDE=0).
+                assert!(QmvVariant::ALL.contains(&narrow_only_twin(v)), "{v:?}");
             }
-            assert!(QmvVariant::for_m(0, rows).is_none() && QmvVariant::for_m(9, rows).is_none());
+            assert!(QmvVariant::for_m(ty, 0).is_none() && QmvVariant::for_m(ty, 9).is_none());
         }
+        assert!(QmvVariant::ALL.contains(&narrow_only_twin(QmvVariant::PAIRS)));
         assert!(QmvVariant::ALL.contains(&QmvVariant::PAIRS));
     }
 
@@ -598,7 +642,7 @@ mod tests {
     fn qgemm_paths_follow_rows_of_x_and_shared_memory() {
         use QPath::*;
         let h200 = 227 << 10;
-        let path = |m, rows, k| QPath::choose(m, rows, k, h200, true);
+        let path = |m, _rows: usize, k| QPath::choose(m, k, h200, true);
         // 1-8 rows: the GEMV while 8 rows of x leave room for two blocks (K = 10,944: 109 KB).
         assert_eq!(path(1, 3072, 2048), Gemv);
         assert_eq!(path(8, 2048, 10944), Gemv);
@@ -612,7 +656,7 @@ mod tests {
         // K past the GEMV's limit.
         assert_eq!(path(1, 64, QMV_MAX_K + 256), TensorCore);
         // Without tensor cores (pre-sm_80, 96 KB): GEMVs up to 32 rows where they fit.
-        let old = |m, k| QPath::choose(m, 2048, k, 96 << 10, false);
+        let old = |m, k| QPath::choose(m, k, 96 << 10, false);
         assert_eq!(old(1, QMV_MAX_K + 256), Dequantize);
         assert_eq!(old(12, 2048), Gemv);
         assert_eq!(old(32, 2048), Gemv);

@@ -2251,7 +2251,7 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                         gpu.qmv_variant(&wd, xb.ptr(), row, m, o, false, v, cap)
                             .unwrap()
                     });
-                    let name = format!("{} r{}m{} x{row} cap{cap:?}", shape(m), v.r, v.mt);
+                    let name = format!("{} {} x{row} cap{cap:?}", shape(m), v.kernel(ty));
                     rep.check("qmv", name, "q*i8>f32", err, 1e-4);
                 }
             }

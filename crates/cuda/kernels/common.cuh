@@ -38,6 +38,26 @@ __device__ __forceinline__ bf16 f2bf(float f) {
     return (bf16)(u >> 16);
 }
 
+// s0 += a[u] . x[c], s1 += b[u] . x[c] for the steps u < 4 with c = c0 + 256 u < n: two rows'
+// four loaded 8-value K steps (lane's column c0) against x, in warp_row_dot's order (moe.cu).
+__device__ __forceinline__ void dot2_steps4(const uint4* a, const uint4* b, const bf16* x, int c0,
+                                            int n, float& s0, float& s1) {
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int c = c0 + u * 256;
+        if (c >= n) break;
+        const uint4 xv = *(const uint4*)(x + c);
+        const bf16* aa = (const bf16*)&a[u];
+        const bf16* bb = (const bf16*)&b[u];
+        const bf16* xe = (const bf16*)&xv;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            s0 += bf2f(aa[j]) * bf2f(xe[j]);
+            s1 += bf2f(bb[j]) * bf2f(xe[j]);
+        }
+    }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

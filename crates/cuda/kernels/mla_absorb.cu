@@ -147,20 +147,7 @@ extern "C" __global__ void mla_combine_uv(const float* part, const float* lse, c
     __syncthreads();
     if (ra >= v) return;
     float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-        int c = lane * 8 + u * 256;
-        if (c >= l) break;
-        uint4 xv = *(const uint4*)(ol + c);
-        const bf16* aa = (const bf16*)&a[u];
-        const bf16* bb = (const bf16*)&b[u];
-        const bf16* xe = (const bf16*)&xv;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            s0 += bf2f(aa[j]) * bf2f(xe[j]);
-            s1 += bf2f(bb[j]) * bf2f(xe[j]);
-        }
-    }
+    dot2_steps4(a, b, ol, lane * 8, l, s0, s1);
     s0 = warp_sum(s0);
     s1 = warp_sum(s1);
     if (lane != 0) return;

@@ -227,20 +227,7 @@ __device__ __forceinline__ void warp_2rows_dot(const bf16* w0, const bf16* w1, c
                 b[u] = *(const uint4*)(w1 + c);
             }
         }
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int c = c0 + u * 256;
-            if (c >= n) break;
-            uint4 xv = *(const uint4*)(x + c);  // x is small and shared by all warps: L1
-            const bf16* aa = (const bf16*)&a[u];
-            const bf16* bb = (const bf16*)&b[u];
-            const bf16* xe = (const bf16*)&xv;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                s0 += bf2f(aa[j]) * bf2f(xe[j]);
-                s1 += bf2f(bb[j]) * bf2f(xe[j]);
-            }
-        }
+        dot2_steps4(a, b, x, c0, n, s0, s1);  // x is small and shared by all warps: L1
     }
     out0 = warp_sum(s0);
     out1 = warp_sum(s1);

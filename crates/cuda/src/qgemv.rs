@@ -161,6 +161,7 @@ impl QPath {
     pub fn choose(m: usize, k: usize, max_smem: usize, tc: bool) -> Self {
         let fits = |m: usize, share: usize| {
             k <= QMV_MAX_K
+                // (the kernels' shared memory depends on the vector count alone)
                 && QmvVariant::for_m(QType::Q8_0, m.min(QmvVariant::MAX_M))
                     .is_some_and(|v| v.smem(k) <= max_smem / share)
         };
@@ -257,13 +258,8 @@ fn narrow_only(v: QmvVariant) -> QmvVariant {
     if wide {
         v
     } else {
-        narrow_only_twin(v)
+        QmvVariant::narrow(v.r, v.mt)
     }
-}
-
-/// `v` with one word a lane.
-fn narrow_only_twin(v: QmvVariant) -> QmvVariant {
-    QmvVariant { wide: false, ..v }
 }
 
 impl Gpu {
@@ -630,11 +626,15 @@ mod tests {
                     "{ty:?} {m}: {v:?}"
                 );
                 // Every kernel's narrow twin exists (MLASERVE_QMV_WIDE=0).
-                assert!(QmvVariant::ALL.contains(&narrow_only_twin(v)), "{v:?}");
+                assert!(
+                    QmvVariant::ALL.contains(&QmvVariant::narrow(v.r, v.mt)),
+                    "{v:?}"
+                );
             }
             assert!(QmvVariant::for_m(ty, 0).is_none() && QmvVariant::for_m(ty, 9).is_none());
         }
-        assert!(QmvVariant::ALL.contains(&narrow_only_twin(QmvVariant::PAIRS)));
+        let p = QmvVariant::PAIRS;
+        assert!(QmvVariant::ALL.contains(&QmvVariant::narrow(p.r, p.mt)));
         assert!(QmvVariant::ALL.contains(&QmvVariant::PAIRS));
     }
 

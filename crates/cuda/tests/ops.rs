@@ -1489,6 +1489,31 @@ fn absorb(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     );
 }
 
+/// The routing part of a MoE config for the routing tests (one shared expert, intermediate 8,
+/// routed scaling 2.5).
+fn route_cfg_moe(
+    e: usize,
+    k: usize,
+    gating: mlaserve_model::Gating,
+    n_group: usize,
+    topk_group: usize,
+    norm: bool,
+    bias: bool,
+) -> mlaserve_model::MoeConfig {
+    mlaserve_model::MoeConfig {
+        num_experts: e,
+        top_k: k,
+        num_shared_experts: 1,
+        moe_intermediate_size: 8,
+        n_group,
+        topk_group,
+        routed_scaling_factor: 2.5,
+        norm_topk_prob: norm,
+        gating,
+        has_correction_bias: bias,
+    }
+}
+
 /// `moe_norm_route` (FFN norm + router + routing in one launch, a ticket per token): hnb bit
 /// for bit `rms_norm`'s bf16 rows; logits against f64 of rms_norm's f32 rows times the router;
 /// ids exactly and weights (1e-5) against the CPU's `route` on the kernel's own logits; run
@@ -1496,7 +1521,7 @@ fn absorb(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
 fn moe_norm_route(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     use mlaserve_cuda::ops::RouteCfg;
     use mlaserve_model::layers::ffn::route;
-    use mlaserve_model::{Gating, MoeConfig};
+    use mlaserve_model::Gating;
     let h = 512usize;
     for &(e, k, gating, n_group, topk_group, norm, bias, ns, t) in &[
         (
@@ -1513,18 +1538,7 @@ fn moe_norm_route(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         (160, 6, Gating::Softmax, 8, 3, false, false, 1, 3),
         (256, 8, Gating::Sigmoid, 8, 4, true, true, 0, 4),
     ] {
-        let mc = MoeConfig {
-            num_experts: e,
-            top_k: k,
-            num_shared_experts: 1,
-            moe_intermediate_size: 8,
-            n_group,
-            topk_group,
-            routed_scaling_factor: 2.5,
-            norm_topk_prob: norm,
-            gating,
-            has_correction_bias: bias,
-        };
+        let mc = route_cfg_moe(e, k, gating, n_group, topk_group, norm, bias);
         let rc = RouteCfg {
             experts: e,
             top_k: k,
@@ -1631,7 +1645,7 @@ fn moe_norm_route(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
 fn moe(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     use mlaserve_cuda::ops::RouteCfg;
     use mlaserve_model::layers::ffn::route;
-    use mlaserve_model::{Gating, MoeConfig};
+    use mlaserve_model::Gating;
     for (case, &(e, k, gating, n_group, topk_group, norm, bias)) in [
         (
             64usize,
@@ -1653,18 +1667,7 @@ fn moe(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         // Shared-expert slices after the top-k: none, one, two (as the executor fuses them).
         let (t, ns) = (7, case % 3);
         let ko = k + ns;
-        let mc = MoeConfig {
-            num_experts: e,
-            top_k: k,
-            num_shared_experts: 1,
-            moe_intermediate_size: 8,
-            n_group,
-            topk_group,
-            routed_scaling_factor: 2.5,
-            norm_topk_prob: norm,
-            gating,
-            has_correction_bias: bias,
-        };
+        let mc = route_cfg_moe(e, k, gating, n_group, topk_group, norm, bias);
         let logits = rng.vec(t * e, 3.0);
         let b = rng.vec(e, 0.5);
         let (ld, bd) = (gpu.upload(&logits).unwrap(), gpu.upload(&b).unwrap());

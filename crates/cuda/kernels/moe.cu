@@ -98,6 +98,115 @@ __device__ void route_row(const float* lg, const float* bias, int e, int k, int 
 }
 
 
+// route_row by one warp (lanes own experts lane, lane + 32, ...; E <= 256, K <= 32, ns <= 32,
+// n_group <= 64; ch [E] and gsc [n_group] are shared scratch): the same rules, sums and ties,
+// with warp shuffles and __syncwarp instead of block barriers — the routing that ends
+// moe_norm_route sits on the critical path of every MoE layer of a small step (route_row has
+// ~20 block barriers). Selection is route_row's exactly (only the softmax sum's order
+// differs, and every weight is divided by the same sum, so no comparison changes); the
+// weights agree to rounding.
+__device__ void route_row_warp(const float* lg, const float* bias, int e, int k, int ns,
+                               int gating, int n_group, int topk_group, int norm, float scale,
+                               int* ids, float* weights, float* ch, float* gsc) {
+    const int lane = threadIdx.x & 31;
+    if (lane < ns) {
+        ids[k + lane] = e + lane;
+        weights[k + lane] = 1.f;
+    }
+    float sc[8];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        const int i = lane + 32 * u;
+        if (i < e) mx = fmaxf(mx, lg[i]);
+    }
+    mx = warp_max(mx);
+    float sum = 0.f;
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        const int i = lane + 32 * u;
+        sc[u] = 0.f;
+        if (i < e) {
+            sc[u] = gating == 0 ? expf(lg[i] - mx) : 1.f / (1.f + expf(-lg[i]));
+            sum += sc[u];
+        }
+    }
+    sum = warp_sum(sum);
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        const int i = lane + 32 * u;
+        if (i < e) {
+            if (gating == 0) sc[u] = sc[u] / sum;
+            ch[i] = sc[u] + ((gating == 1 && bias) ? bias[i] : 0.f);
+        }
+    }
+    __syncwarp();
+    if (n_group > 1 && topk_group < n_group) {
+        const int per = e / n_group;
+        for (int g0 = 0; g0 < n_group; g0 += 32) {
+            const int gi = g0 + lane;
+            if (gi < n_group) {
+                const float* g = ch + gi * per;
+                float a = -INFINITY, b = -INFINITY;
+                for (int i = 0; i < per; i++) {
+                    if (g[i] > a) { b = a; a = g[i]; }
+                    else if (g[i] > b) b = g[i];
+                }
+                gsc[gi] = gating == 0 ? a : a + (per > 1 ? b : 0.f);
+            }
+        }
+        __syncwarp();
+        if (lane == 0) {
+            unsigned long long keep = 0;
+            for (int r = 0; r < topk_group; r++) {
+                int bi = -1;
+                for (int gi = 0; gi < n_group; gi++)
+                    if (!((keep >> gi) & 1ull) && (bi < 0 || gsc[gi] > gsc[bi])) bi = gi;
+                keep |= 1ull << bi;
+            }
+            for (int gi = 0; gi < n_group; gi++) gsc[gi] = ((keep >> gi) & 1ull) ? 1.f : 0.f;
+        }
+        __syncwarp();
+        for (int i = lane; i < e; i += 32)
+            if (gsc[i / per] == 0.f) ch[i] = -INFINITY;
+        __syncwarp();
+    }
+    float c[8];
+#pragma unroll
+    for (int u = 0; u < 8; u++) c[u] = lane + 32 * u < e ? ch[lane + 32 * u] : -INFINITY;
+    float wsum = 0.f, mine = 0.f;
+    int mine_id = 0;
+    for (int r = 0; r < k; r++) {
+        // argmax of c, ties to the lower index (a lane's own entries rise with u)
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int i = lane + 32 * u;
+            if (i < e && (c[u] > bv || (c[u] == bv && i < bi))) { bv = c[u]; bi = i; }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        }
+        if (bi >= e) bi = 0;  // only for e == 0, which a config never has
+        // The owner lane hands over the expert's score and drops it from the race.
+        float s = 0.f;
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            if (lane + 32 * u == bi) { s = sc[u]; c[u] = -INFINITY; }
+        s = __shfl_sync(0xffffffffu, s, bi & 31);
+        if (lane == r) { mine = s; mine_id = bi; }
+        wsum += s;
+    }
+    const float inv = norm ? 1.f / (wsum + 1e-20f) : 1.f;
+    if (lane < k) {
+        ids[lane] = mine_id;
+        weights[lane] = mine * (inv * scale);
+    }
+}
+
 // Routing of one token per block: logits [T, E] -> ids / weights [T, K + ns] (route_row).
 extern "C" __global__ void moe_route(const float* logits, const float* bias, int e, int k,
                                      int ns, int gating, int n_group, int topk_group, int norm,
@@ -113,38 +222,72 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, int
 // rows written by block 0, are bit-identical to its output), computes logit j = router row j
 // . those values (f32, a block sum) into logits [T, E], and the last of token t's E blocks
 // to finish (a ticket per token, reset by that block, so the kernel can run again and replay
-// in a graph) routes it with route_row. grid (E, T), block 256, E <= 1024.
+// in a graph) routes it with route_row (one warp of it with route_row_warp where E <= 256).
+// gamma and the router row (weights) are read before the wait on the previous grid, and for
+// H <= 2,048 x is read once. grid (E, T), block 256, E <= 1024.
 extern "C" __global__ void moe_norm_route(const float* x, const float* gamma, float eps, int h,
                                           const float* router, bf16* hnb, float* logits,
                                           unsigned* tickets, const float* bias, int e, int k,
                                           int ns, int gating, int n_group, int topk_group,
                                           int norm, float scale, int* ids, float* weights) {
-    MLA_PDL();
+    MLA_WEIGHTS_FIRST();
     __shared__ float red[32];
     __shared__ float lg[1024];
     __shared__ unsigned ticket;
     const int j = blockIdx.x, t = blockIdx.y;
     const float* xr = x + (i64)t * h;
     const int nt = blockDim.x;
-    const float inv = rms_inv_8(xr, h, eps, red);  // rms_norm's, 8 loads in flight
     const float* wr = router + (i64)j * h;
     float dot = 0.f;
-    for (int i0 = threadIdx.x; i0 < h; i0 += 8 * nt) {
+    if (h <= 8 * nt) {
+        // One pass (h <= 2,048 at 256 threads): gamma and the router row are requested before
+        // the wait, x once after it; the sums are rms_inv_8's and the loop's below, in order.
         float xv[8], gv[8], wv[8];
 #pragma unroll
         for (int u = 0; u < 8; u++) {
-            const int i = i0 + u * nt;
-            xv[u] = i < h ? xr[i] : 0.f;
+            const int i = threadIdx.x + u * nt;
             gv[u] = i < h ? gamma[i] : 0.f;
             wv[u] = i < h ? wr[i] : 0.f;
         }
+        MLA_PDL();
 #pragma unroll
         for (int u = 0; u < 8; u++) {
-            const int i = i0 + u * nt;
+            const int i = threadIdx.x + u * nt;
+            xv[u] = i < h ? xr[i] : 0.f;
+        }
+        float ss = 0.f;
+#pragma unroll
+        for (int u = 0; u < 8; u++) ss += xv[u] * xv[u];
+        ss = block_sum(ss, red);
+        const float inv = rsqrtf(ss / h + eps);
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int i = threadIdx.x + u * nt;
             if (i >= h) break;
             float v = xv[u] * inv * gv[u];
             if (j == 0) hnb[(i64)t * h + i] = f2bf(v);
             dot += v * wv[u];
+        }
+    } else {
+        MLA_PDL();
+        const float inv = rms_inv_8(xr, h, eps, red);  // rms_norm's, 8 loads in flight
+        for (int i0 = threadIdx.x; i0 < h; i0 += 8 * nt) {
+            float xv[8], gv[8], wv[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int i = i0 + u * nt;
+                xv[u] = i < h ? xr[i] : 0.f;
+                gv[u] = i < h ? gamma[i] : 0.f;
+                wv[u] = i < h ? wr[i] : 0.f;
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int i = i0 + u * nt;
+                if (i >= h) break;
+                float v = xv[u] * inv * gv[u];
+                if (j == 0) hnb[(i64)t * h + i] = f2bf(v);
+                dot += v * wv[u];
+            }
         }
     }
     dot = block_sum(dot, red);
@@ -157,10 +300,22 @@ extern "C" __global__ void moe_norm_route(const float* x, const float* gamma, fl
     if (ticket != (unsigned)(e - 1)) return;
     // The last block of token t: every logit of the token is written and visible.
     __threadfence();
+    const int ko = k + ns;
+    if (e <= 256 && k <= 32 && ns <= 32 && n_group <= 64) {
+        // One warp routes (no block barriers on the critical path).
+        if (threadIdx.x >= 32) return;
+        __shared__ float ch[256];
+        __shared__ float gsc[64];
+        for (int i = threadIdx.x; i < e; i += 32) lg[i] = __ldcg(logits + (i64)t * e + i);
+        if (threadIdx.x == 0) tickets[t] = 0u;
+        __syncwarp();
+        route_row_warp(lg, bias, e, k, ns, gating, n_group, topk_group, norm, scale,
+                       ids + (i64)t * ko, weights + (i64)t * ko, ch, gsc);
+        return;
+    }
     for (int i = threadIdx.x; i < e; i += blockDim.x) lg[i] = __ldcg(logits + (i64)t * e + i);
     if (threadIdx.x == 0) tickets[t] = 0u;
     __syncthreads();
-    const int ko = k + ns;
     route_row(lg, bias, e, k, ns, gating, n_group, topk_group, norm, scale, ids + (i64)t * ko,
               weights + (i64)t * ko);
 }

@@ -1517,13 +1517,13 @@ fn route_cfg_moe(
 /// `moe_norm_route` (FFN norm + router + routing in one launch, a ticket per token): hnb bit
 /// for bit `rms_norm`'s bf16 rows; logits against f64 of rms_norm's f32 rows times the router;
 /// ids exactly and weights (1e-5) against the CPU's `route` on the kernel's own logits; run
-/// twice (the tickets must be back at zero for the second launch to route at all).
+/// twice (the tickets must be back at zero for the second launch to route at all). H 512 takes
+/// the kernel's one-pass path (H <= 8 x 256), H 2,312 its loop (a partial last step).
 fn moe_norm_route(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     use mlaserve_cuda::ops::RouteCfg;
     use mlaserve_model::layers::ffn::route;
     use mlaserve_model::Gating;
-    let h = 512usize;
-    for &(e, k, gating, n_group, topk_group, norm, bias, ns, t) in &[
+    for (i, &(e, k, gating, n_group, topk_group, norm, bias, ns, t)) in [
         (
             64usize,
             6usize,
@@ -1537,7 +1537,11 @@ fn moe_norm_route(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         ),
         (160, 6, Gating::Softmax, 8, 3, false, false, 1, 3),
         (256, 8, Gating::Sigmoid, 8, 4, true, true, 0, 4),
-    ] {
+    ]
+    .iter()
+    .enumerate()
+    {
+        let h = if i == 2 { 2312usize } else { 512 };
         let mc = route_cfg_moe(e, k, gating, n_group, topk_group, norm, bias);
         let rc = RouteCfg {
             experts: e,
@@ -1933,16 +1937,17 @@ fn moe_slices(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         dn_ptrs.push(sdn.at(j * f));
     }
     let (gup, dnp) = (gpu.upload(&gu_ptrs).unwrap(), gpu.upload(&dn_ptrs).unwrap());
-    let ids: Vec<i32> = vec![1, 3, 4, 5];
-    let k = ids.len();
-    let wts = vec![0.7f32, -0.4, 1.0, 1.0];
-    let x = round_bf(&rng.vec(h, 1.0));
+    // Two tokens of 2 routed slots + the 2 slices.
+    let (t, k) = (2usize, 4usize);
+    let ids: Vec<i32> = vec![1, 3, 4, 5, 2, 0, 4, 5];
+    let wts = vec![0.7f32, -0.4, 1.0, 1.0, 0.2, 0.9, 1.0, 1.0];
+    let x = round_bf(&rng.vec(t * h, 1.0));
     let (idd, xd, wd) = (gpu.upload(&ids).unwrap(), up(&x), gpu.upload(&wts).unwrap());
     let views = SliceViews { e_routed: e, fs };
     let held = e + slices;
-    let act = poisoned::<u16>(gpu, k * f);
+    let act = poisoned::<u16>(gpu, t * k * f);
     gpu.moe_gemv_swiglu(
-        k,
+        t * k,
         gup.ptr(),
         0,
         held,
@@ -1956,12 +1961,12 @@ fn moe_slices(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     )
     .unwrap();
     let act_h = gpu.to_host(&act).unwrap();
-    // The shared MLP as one expert of width fs.
+    // The shared MLP as one expert of width fs, for each token.
     let one = gpu.upload(&[sgu.ptr()]).unwrap();
-    let zero = gpu.upload(&[0i32]).unwrap();
-    let gu_sh = poisoned::<f32>(gpu, 2 * fs);
+    let zero = gpu.upload(&[0i32; 2]).unwrap();
+    let gu_sh = poisoned::<f32>(gpu, t * 2 * fs);
     gpu.moe_gemv(
-        1,
+        t,
         one.ptr(),
         0,
         1,
@@ -1973,24 +1978,48 @@ fn moe_slices(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         gu_sh.ptr(),
     )
     .unwrap();
-    let act_sh = poisoned::<u16>(gpu, fs);
-    gpu.silu_mul(gu_sh.ptr(), act_sh.ptr(), fs, 1).unwrap();
+    let act_sh = poisoned::<u16>(gpu, t * fs);
+    gpu.silu_mul(gu_sh.ptr(), act_sh.ptr(), fs, t).unwrap();
     let act_sh = gpu.to_host(&act_sh).unwrap();
-    let mism = (0..slices)
-        .flat_map(|j| (0..f).map(move |i| (j, i)))
-        .filter(|&(j, i)| act_h[(2 + j) * f + i] != act_sh[j * f + i])
+    let mism = (0..t * slices * f)
+        .filter(|&o| {
+            let (ti, j, i) = (o / (slices * f), o / f % slices, o % f);
+            act_h[(ti * k + 2 + j) * f + i] != act_sh[ti * fs + j * f + i]
+        })
         .count();
     rep.check(
         "moe_gemv_swiglu",
-        format!("slices {slices} of fs{fs} (views) f{f} n{h} vs shared MLP"),
+        format!("T{t}, slices {slices} of fs{fs} (views) f{f} n{h} vs shared MLP"),
         "bf16",
         mism as f64,
         0.0,
     );
-    let x0 = rng.vec(h, 1.0);
+    // The routed pairs of the same launch against moe_gemv + silu_mul over them alone.
+    let routed: Vec<i32> = vec![ids[0], ids[1], ids[4], ids[5]];
+    let rd = gpu.upload(&routed).unwrap();
+    let gu_r = poisoned::<f32>(gpu, 4 * 2 * f);
+    gpu.moe_gemv(4, gup.ptr(), 0, e, rd.ptr(), xd.ptr(), 2, h, 2 * f, gu_r.ptr())
+        .unwrap();
+    let act_r = poisoned::<u16>(gpu, 4 * f);
+    gpu.silu_mul(gu_r.ptr(), act_r.ptr(), f, 4).unwrap();
+    let act_r = gpu.to_host(&act_r).unwrap();
+    let mism = (0..4 * f)
+        .filter(|&o| {
+            let (pr, i) = (o / f, o % f);
+            act_h[((pr / 2) * k + pr % 2) * f + i] != act_r[o]
+        })
+        .count();
+    rep.check(
+        "moe_gemv_swiglu",
+        format!("T{t}, routed pairs beside {slices} slices f{f} n{h} vs moe_gemv+silu_mul"),
+        "bf16",
+        mism as f64,
+        0.0,
+    );
+    let x0 = rng.vec(t * h, 1.0);
     let xo = gpu.upload(&x0).unwrap();
     gpu.moe_gemv_combine(
-        1,
+        t,
         k,
         dnp.ptr(),
         0,
@@ -2006,22 +2035,24 @@ fn moe_slices(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     .unwrap();
     let got = gpu.to_host(&xo).unwrap();
     let a = |i: usize| unbf(act_h[i]) as f64;
-    let want: Vec<f32> = (0..h)
-        .map(|r| {
-            let mut v = x0[r] as f64;
-            for (slot, &ex) in ids[..2].iter().enumerate() {
-                let d = &dns[ex as usize];
-                let dot: f64 = (0..f).map(|i| d[r * f + i] as f64 * a(slot * f + i)).sum();
-                v += wts[slot] as f64 * dot;
+    let want: Vec<f32> = (0..t * h)
+        .map(|o| {
+            let (ti, r) = (o / h, o % h);
+            let mut v = x0[o] as f64;
+            for slot in 0..2 {
+                let d = &dns[ids[ti * k + slot] as usize];
+                let pa = (ti * k + slot) * f;
+                let dot: f64 = (0..f).map(|i| d[r * f + i] as f64 * a(pa + i)).sum();
+                v += wts[ti * k + slot] as f64 * dot;
             }
             v + (0..fs)
-                .map(|i| sh_dn[r * fs + i] as f64 * unbf(act_sh[i]) as f64)
+                .map(|i| sh_dn[r * fs + i] as f64 * unbf(act_sh[ti * fs + i]) as f64)
                 .sum::<f64>()
         } as f32)
         .collect();
     rep.check(
         "moe_gemv_combine",
-        format!("slices {slices} of fs{fs} (views) rows{h} vs routed + shared MLP"),
+        format!("T{t}, slices {slices} of fs{fs} (views) rows{h} vs routed + shared MLP"),
         "f32",
         rel_err(&got, &want),
         1e-5,

@@ -178,6 +178,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         part.ptr(),
                         lse.ptr(),
                         o_lat.ptr(),
+                        false,
                     )
                 };
                 let us = time_us(&gpu, &|_| run(), 3, 7, 10)?;
@@ -251,6 +252,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         part.ptr(),
                         lse.ptr(),
                         o_lat.ptr(),
+                        false,
                     )
                 };
                 gpu.write(&o_lat, 0, &vec![0xffffu16; b * heads * l])?;

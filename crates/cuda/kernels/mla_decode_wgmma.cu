@@ -256,21 +256,76 @@ __device__ __forceinline__ void mlw_stage_q(unsigned q_s, const float* q_lat, co
 // ABL (kernel lab only, outputs are not attention): bit 0 copies only the first two tiles and
 // reuses them, bit 1 leaves out P·V, bit 2 leaves out S (scores of zero). Time differences
 // between these and ABL = 0 place the time of a tile (bench/cuda/mla_decode.md).
-template <int ABL>
-__device__ __forceinline__ void mlw_body(const float* q_lat, const float* q, const bf16* cache,
-                                         float* part, float* lse, const int* n_keys,
-                                         const int* sel_off, const int* sel_pos,
-                                         const int* block_tables, const int* bt_off, int bs,
-                                         int nh, int p_dim, int ns, float scale_log2) {
+// The block's shared-memory map (see the top of this file).
+struct MlwSmem {
+    unsigned q_s, kv, p_s;
+    i64* slots;  // [2][64]
+    float* red;  // [2][64]
+};
+
+__device__ __forceinline__ MlwSmem mlw_smem() {
     extern __shared__ __align__(1024) unsigned char mlw_raw[];
     const unsigned raw = mla_smem(mlw_raw);
     const unsigned base = (raw + 1023u) & ~1023u;
     unsigned char* gen = mlw_raw + (base - raw);
-    const unsigned q_s = base, kv = base + MLW_TILE, p_s = base + 3 * MLW_TILE;
-    i64* slots = (i64*)(gen + 3 * MLW_TILE + MLW_ATOM);  // [2][64]
-    float* red = (float*)(slots + 2 * 64);               // [2][64]
+    MlwSmem m;
+    m.q_s = base;
+    m.kv = base + MLW_TILE;
+    m.p_s = base + 3 * MLW_TILE;
+    m.slots = (i64*)(gen + 3 * MLW_TILE + MLW_ATOM);
+    m.red = (float*)(m.slots + 2 * 64);
+    return m;
+}
 
-    const MlaWork wk = mla_work(64, nh, ns, n_keys, sel_off, block_tables, bt_off);
+// The block's work, the slots of its first key tile and that tile's copy (a commit group).
+__device__ __forceinline__ void mlw_first_tile(const MlwSmem& sm, const MlaWork& wk,
+                                               MlaSlotPipe& pipe, const int* sel_pos, int bs,
+                                               const bf16* cache) {
+    if (0 < wk.ntiles) {
+        pipe.start(wk, sel_pos, bs, 0);
+        pipe.step(sm.slots, wk, sel_pos, bs, 0);
+    }
+    __syncthreads();  // slots of tile 0
+    mlw_issue(sm.slots, sm.kv, wk, 0, cache);
+}
+
+// What a block does before the wait on the previous grid: with `early`, its work and its
+// first key tile's copy (inputs the previous grid does not write: MLA_PARAMS); else nothing.
+struct MlwStart {
+    MlaWork wk;
+    MlaSlotPipe pipe;
+};
+
+__device__ __forceinline__ MlwStart mlw_start(const bf16* cache, const int* n_keys,
+                                              const int* sel_off, const int* sel_pos,
+                                              const int* block_tables, const int* bt_off, int bs,
+                                              int nh, int ns, int early) {
+    MlwStart st;
+    if (early) {
+        st.wk = mla_work(64, nh, ns, n_keys, sel_off, block_tables, bt_off);
+        mlw_first_tile(mlw_smem(), st.wk, st.pipe, sel_pos, bs, cache);
+    }
+    return st;
+}
+
+template <int ABL>
+__device__ __forceinline__ void mlw_body(MlwStart st, const float* q_lat, const float* q,
+                                         const bf16* cache, float* part, float* lse,
+                                         const int* n_keys, const int* sel_off,
+                                         const int* sel_pos, const int* block_tables,
+                                         const int* bt_off, int bs, int nh, int p_dim, int ns,
+                                         float scale_log2, int early) {
+    const MlwSmem sm = mlw_smem();
+    const unsigned q_s = sm.q_s, kv = sm.kv, p_s = sm.p_s;
+    i64* slots = sm.slots;
+    float* red = sm.red;
+
+    MlaSlotPipe pipe = st.pipe;
+    if (!early) {
+        st.wk = mla_work(64, nh, ns, n_keys, sel_off, block_tables, bt_off);
+        mlw_first_tile(sm, st.wk, pipe, sel_pos, bs, cache);
+    }
+    const MlaWork wk = st.wk;
     const int t = wk.t, h0 = wk.h0;
     const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, wq = (tid >> 5) & 3;
     const int r0 = 16 * wq + (lane >> 2), r1 = r0 + 8, qd = lane & 3;
@@ -282,14 +337,6 @@ __device__ __forceinline__ void mlw_body(const float* q_lat, const float* q, con
     for (int i = 0; i < 128; i++) o[i] = 0.f;
     // Rows r0, r1: running max and, in warpgroup 0, the sum over this thread's keys.
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-
-    MlaSlotPipe pipe;
-    if (0 < wk.ntiles) {
-        pipe.start(wk, sel_pos, bs, 0);
-        pipe.step(slots, wk, sel_pos, bs, 0);
-    }
-    __syncthreads();  // slots of tile 0
-    mlw_issue(slots, kv, wk, 0, cache);
 
     for (int i = 0; i < wk.ntiles; i++) {
         if (i + 1 < wk.ntiles) pipe.step(slots + ((i + 1) % 2) * 64, wk, sel_pos, bs, i + 1);
@@ -370,14 +417,28 @@ __device__ __forceinline__ void mlw_body(const float* q_lat, const float* q, con
 #endif  // MLW_OK
 
 #ifdef MLW_OK
-#define MLW_CALL(ABL) mlw_body<ABL>(MLA_ARGS);
+#define MLW_START(EARLY)                                                                     \
+    const MlwStart st = mlw_start(cache, n_keys, sel_off, sel_pos, block_tables, bt_off, bs, \
+                                  nh, ns, EARLY);
+#define MLW_CALL(ABL, EARLY) mlw_body<ABL>(st, MLA_ARGS, EARLY);
 #else
-#define MLW_CALL(ABL) __trap();
+#define MLW_START(EARLY)
+#define MLW_CALL(ABL, EARLY) __trap();
 #endif
-extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_w64(MLA_PARAMS) { MLA_PDL(); MLW_CALL(0) }
-// Kernel-lab ablations of mla_decode_w64 (see mlw_body).
-#define MLW_ABLATION(NAME, ABL) \
-    extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) NAME(MLA_PARAMS) { MLA_PDL(); MLW_CALL(ABL) }
+// Inputs read before MLA_PDL() only under `early` (MLA_PARAMS), and never the queries.
+extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) mla_decode_w64(MLA_PARAMS) {
+    MLA_WEIGHTS_FIRST();
+    MLW_START(early)
+    MLA_PDL();
+    MLW_CALL(0, early)
+}
+// Kernel-lab ablations of mla_decode_w64 (see mlw_body), never early.
+#define MLW_ABLATION(NAME, ABL)                                                                 \
+    extern "C" __global__ void __launch_bounds__(MLA_THREADS, 1) NAME(MLA_PARAMS) {            \
+        MLA_PDL();                                                                             \
+        MLW_START(0)                                                                           \
+        MLW_CALL(ABL, 0)                                                                       \
+    }
 MLW_ABLATION(mla_decode_w64_noload, 1)  // compute only
 MLW_ABLATION(mla_decode_w64_nopv, 2)    // loads, S, softmax
 MLW_ABLATION(mla_decode_w64_nos, 4)     // loads, softmax, P·V

@@ -1090,6 +1090,7 @@ impl CudaExecutor {
             part.ptr(),
             lse.ptr(),
             o_lat.as_ref().map_or(0, |o| o.ptr()),
+            fused, // mla_q_absorb just before: every input older than it
         )?;
         let (ty, out, beta) = match out {
             AttnOut::F32 { ptr, beta } => (GemmType::Bf16, ptr, beta),

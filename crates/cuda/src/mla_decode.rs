@@ -163,7 +163,11 @@ impl MlaVariant {
 
 impl Gpu {
     /// [`Gpu::attn_mqa`] on tensor cores where L = 512 and R = 64 on sm_80 or newer (variant
-    /// by head count), else on the CUDA-core kernel. Same arguments, same outputs.
+    /// by head count), else on the CUDA-core kernel. Same arguments, same outputs. `early`:
+    /// the key lists, block tables and cache rows were all written before the kernel launched
+    /// just before this one began (true of the fused small-step path: kv_finish, then
+    /// mla_q_absorb, then the decode), so the wgmma kernel fetches its first key tile before
+    /// its wait on that kernel (a memory round trip off the step's critical path).
     #[allow(clippy::too_many_arguments)]
     pub fn attn_mqa_tc(
         &self,
@@ -179,6 +183,7 @@ impl Gpu {
         part: u64,
         lse: u64,
         o_lat: u64,
+        early: bool,
     ) -> Result<()> {
         let v = self.mqa_tc_variant(d.heads);
         if d.l != TC_L
@@ -216,6 +221,7 @@ impl Gpu {
             part,
             lse,
             o_lat,
+            early,
         )
     }
 
@@ -240,6 +246,7 @@ impl Gpu {
         part: u64,
         lse: u64,
         o_lat: u64,
+        early: bool,
     ) -> Result<()> {
         if d.l != TC_L || d.r != TC_R {
             return Err(CudaError::Invalid(format!(
@@ -276,6 +283,7 @@ impl Gpu {
         let (bs, nh, p, ns) = (block_size as i32, d.heads as i32, d.p as i32, splits as i32);
         let scale_log2 = d.scale * std::f32::consts::LOG2_E;
         let (nk, so, sp) = (keys.n_keys, keys.sel_off, keys.sel_pos);
+        let early = early as i32;
         self.launch(
             name,
             cfg,
@@ -294,7 +302,8 @@ impl Gpu {
                 nh,
                 p,
                 ns,
-                scale_log2
+                scale_log2,
+                early
             ],
         )?;
         if o_lat == 0 {

@@ -1169,6 +1169,7 @@ fn attention_tc(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 part.ptr(),
                 lse.ptr(),
                 o_lat.ptr(),
+                true, // W64 fetches its first tile before the PDL wait (alone here: no effect)
             )
             .unwrap();
             let got: Vec<f32> = gpu
@@ -1240,6 +1241,7 @@ fn attention_tc(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         part.ptr(),
         lse.ptr(),
         o_lat.ptr(),
+        false,
     )
     .unwrap();
     let got: Vec<f32> = gpu
@@ -1998,8 +2000,19 @@ fn moe_slices(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     let routed: Vec<i32> = vec![ids[0], ids[1], ids[4], ids[5]];
     let rd = gpu.upload(&routed).unwrap();
     let gu_r = poisoned::<f32>(gpu, 4 * 2 * f);
-    gpu.moe_gemv(4, gup.ptr(), 0, e, rd.ptr(), xd.ptr(), 2, h, 2 * f, gu_r.ptr())
-        .unwrap();
+    gpu.moe_gemv(
+        4,
+        gup.ptr(),
+        0,
+        e,
+        rd.ptr(),
+        xd.ptr(),
+        2,
+        h,
+        2 * f,
+        gu_r.ptr(),
+    )
+    .unwrap();
     let act_r = poisoned::<u16>(gpu, 4 * f);
     gpu.silu_mul(gu_r.ptr(), act_r.ptr(), f, 4).unwrap();
     let act_r = gpu.to_host(&act_r).unwrap();

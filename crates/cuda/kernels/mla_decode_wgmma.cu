@@ -300,7 +300,7 @@ __device__ __forceinline__ MlwStart mlw_start(const bf16* cache, const int* n_ke
                                               const int* sel_off, const int* sel_pos,
                                               const int* block_tables, const int* bt_off, int bs,
                                               int nh, int ns, int early) {
-    MlwStart st;
+    MlwStart st = {};  // filled in by mlw_body where not early
     if (early) {
         st.wk = mla_work(64, nh, ns, n_keys, sel_off, block_tables, bt_off);
         mlw_first_tile(mlw_smem(), st.wk, st.pipe, sel_pos, bs, cache);

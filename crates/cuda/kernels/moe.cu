@@ -102,9 +102,10 @@ __device__ void route_row(const float* lg, const float* bias, int e, int k, int 
 // n_group <= 64; ch [E] and gsc [n_group] are shared scratch): the same rules, sums and ties,
 // with warp shuffles and __syncwarp instead of block barriers — the routing that ends
 // moe_norm_route sits on the critical path of every MoE layer of a small step (route_row has
-// ~20 block barriers). Selection is route_row's exactly (only the softmax sum's order
-// differs, and every weight is divided by the same sum, so no comparison changes); the
-// weights agree to rounding.
+// ~20 block barriers). Same selection as route_row but for one thing: the softmax sum is
+// added in another order, so two scores a rounding step apart may tie after the division in
+// one and not the other (the GPU and CPU routings already differ so); weights agree to
+// rounding.
 __device__ void route_row_warp(const float* lg, const float* bias, int e, int k, int ns,
                                int gating, int n_group, int topk_group, int norm, float scale,
                                int* ids, float* weights, float* ch, float* gsc) {

@@ -1147,7 +1147,14 @@ fn attention_tc(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             sel_off: so.ptr(),
             sel_pos: sp.ptr(),
         };
-        for v in MlaVariant::ALL {
+        // W64 both ways: its first key tile fetched before the PDL wait (`early`) or after.
+        let runs = MlaVariant::ALL.into_iter().flat_map(|v| {
+            let both = v == MlaVariant::W64;
+            [(v, false), (v, true)]
+                .into_iter()
+                .take(if both { 2 } else { 1 })
+        });
+        for (v, early) in runs {
             if !v.runs_on(gpu.arch) {
                 continue;
             }
@@ -1169,7 +1176,7 @@ fn attention_tc(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 part.ptr(),
                 lse.ptr(),
                 o_lat.ptr(),
-                true, // W64 fetches its first tile before the PDL wait (alone here: no effect)
+                early,
             )
             .unwrap();
             let got: Vec<f32> = gpu
@@ -1179,7 +1186,8 @@ fn attention_tc(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 .map(|&b| unbf(b))
                 .collect();
             let name = format!(
-                "{v:?} T{t} N{heads} keys{:?} splits{splits} bs{bs}{}",
+                "{v:?}{} T{t} N{heads} keys{:?} splits{splits} bs{bs}{}",
+                if early { " early" } else { "" },
                 n_keys,
                 topk.map(|k| format!(" topk{k}")).unwrap_or_default()
             );
@@ -1539,6 +1547,8 @@ fn moe_norm_route(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         ),
         (160, 6, Gating::Softmax, 8, 3, false, false, 1, 3),
         (256, 8, Gating::Sigmoid, 8, 4, true, true, 0, 4),
+        // Fewer experts than a warp's lanes, in groups (the CPU routing's small case).
+        (8, 2, Gating::Sigmoid, 4, 1, true, true, 1, 2),
     ]
     .iter()
     .enumerate()
@@ -1910,7 +1920,7 @@ fn moe(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     moe_slices(gpu, rng, rep);
 }
 
-/// The one-token fused expert kernels with shared-expert slices read in place (views into the
+/// The fused expert kernels (meant for one token; two here) with shared-expert slices read in place (views into the
 /// shared MLP's gate|up [2fs, H] and down [H, fs], `SliceViews`): the SwiGLU rows of a slice
 /// bit for bit those of the shared MLP run as one expert (moe_gemv over 2fs rows + silu_mul),
 /// and the combine against routed + shared MLP in f64 (the slices sum their parts apart).

@@ -1,6 +1,30 @@
 // MoE on the GPU for small batches: routing (DeepSeek/GLM rules, the CPU's `route`) and
 // expert GEMVs over (token, slot) pairs, so a decode step needs no host round trip.
 
+// A group's score for group-limited routing: its best expert's (softmax), or the sum of its top
+// two (sigmoid), over g [per] (ties kept: a repeated best counts twice).
+__device__ __forceinline__ float group_score(const float* g, int per, int gating) {
+    float a = -INFINITY, b = -INFINITY;
+    for (int i = 0; i < per; i++) {
+        if (g[i] > a) { b = a; a = g[i]; }
+        else if (g[i] > b) b = g[i];
+    }
+    return gating == 0 ? a : a + (per > 1 ? b : 0.f);
+}
+
+// gsc [n_group] scores -> 1 for the topk_group best groups (ties to the lower group), else 0.
+// One thread. n_group <= 64.
+__device__ __forceinline__ void keep_groups(float* gsc, int n_group, int topk_group) {
+    unsigned long long keep = 0;
+    for (int r = 0; r < topk_group; r++) {
+        int bi = -1;
+        for (int gi = 0; gi < n_group; gi++)
+            if (!((keep >> gi) & 1ull) && (bi < 0 || gsc[gi] > gsc[bi])) bi = gi;
+        keep |= 1ull << bi;
+    }
+    for (int gi = 0; gi < n_group; gi++) gsc[gi] = ((keep >> gi) & 1ull) ? 1.f : 0.f;
+}
+
 // Routing of one token by one block (blockDim 256, E <= 1024): logits lg [E] f32 ->
 // ids [K + ns] (i32, best first) and weights [K + ns] f32. gating 0 = softmax,
 // 1 = sigmoid; bias (may be null) only selects; groups as in the CPU path; ties to the lower
@@ -34,27 +58,10 @@ __device__ void route_row(const float* lg, const float* bias, int e, int k, int 
     __syncthreads();
     if (n_group > 1 && topk_group < n_group) {
         int per = e / n_group;
-        if (threadIdx.x < n_group) {
-            const float* g = ch + threadIdx.x * per;
-            float a = -INFINITY, b = -INFINITY;  // top two, for sigmoid's sum of top-2
-            for (int i = 0; i < per; i++) {
-                if (g[i] > a) { b = a; a = g[i]; }
-                else if (g[i] > b) b = g[i];
-            }
-            gsc[threadIdx.x] = gating == 0 ? a : a + (per > 1 ? b : 0.f);
-        }
+        if (threadIdx.x < n_group) gsc[threadIdx.x] = group_score(ch + threadIdx.x * per, per, gating);
         __syncthreads();
-        if (threadIdx.x == 0) {
-            // keep the topk_group best groups (ties to the lower group); mark others -inf
-            unsigned long long keep = 0;
-            for (int r = 0; r < topk_group; r++) {
-                int bi = -1;
-                for (int gi = 0; gi < n_group; gi++)
-                    if (!((keep >> gi) & 1ull) && (bi < 0 || gsc[gi] > gsc[bi])) bi = gi;
-                keep |= 1ull << bi;
-            }
-            for (int gi = 0; gi < n_group; gi++) gsc[gi] = ((keep >> gi) & 1ull) ? 1.f : 0.f;
-        }
+        // keep the topk_group best groups; the others' experts are marked -inf below
+        if (threadIdx.x == 0) keep_groups(gsc, n_group, topk_group);
         __syncthreads();
         for (int i = threadIdx.x; i < e; i += blockDim.x)
             if (gsc[i / per] == 0.f) ch[i] = -INFINITY;
@@ -146,27 +153,10 @@ __device__ void route_row_warp(const float* lg, const float* bias, int e, int k,
         const int per = e / n_group;
         for (int g0 = 0; g0 < n_group; g0 += 32) {
             const int gi = g0 + lane;
-            if (gi < n_group) {
-                const float* g = ch + gi * per;
-                float a = -INFINITY, b = -INFINITY;
-                for (int i = 0; i < per; i++) {
-                    if (g[i] > a) { b = a; a = g[i]; }
-                    else if (g[i] > b) b = g[i];
-                }
-                gsc[gi] = gating == 0 ? a : a + (per > 1 ? b : 0.f);
-            }
+            if (gi < n_group) gsc[gi] = group_score(ch + gi * per, per, gating);
         }
         __syncwarp();
-        if (lane == 0) {
-            unsigned long long keep = 0;
-            for (int r = 0; r < topk_group; r++) {
-                int bi = -1;
-                for (int gi = 0; gi < n_group; gi++)
-                    if (!((keep >> gi) & 1ull) && (bi < 0 || gsc[gi] > gsc[bi])) bi = gi;
-                keep |= 1ull << bi;
-            }
-            for (int gi = 0; gi < n_group; gi++) gsc[gi] = ((keep >> gi) & 1ull) ? 1.f : 0.f;
-        }
+        if (lane == 0) keep_groups(gsc, n_group, topk_group);
         __syncwarp();
         for (int i = lane; i < e; i += 32)
             if (gsc[i / per] == 0.f) ch[i] = -INFINITY;
@@ -218,6 +208,22 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, int
               scale, ids + (i64)blockIdx.x * ko, weights + (i64)blockIdx.x * ko);
 }
 
+// moe_norm_route's step over a thread's 8 elements i0 + u * nt (< h): v = x * inv * gamma,
+// stored as bf16 in hrow where `store`, dot + sum of v * router, in u order.
+__device__ __forceinline__ float norm_dot_8(const float* xv, const float* gv, const float* wv,
+                                            float inv, int i0, int nt, int h, bool store,
+                                            bf16* hrow, float dot) {
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        const int i = i0 + u * nt;
+        if (i >= h) break;
+        float v = xv[u] * inv * gv[u];
+        if (store) hrow[i] = f2bf(v);
+        dot += v * wv[u];
+    }
+    return dot;
+}
+
 // The FFN norm, the router and the routing of small steps in one launch: block (j, t)
 // normalizes x row t as rms_norm does (same block size and sums: the values, and hnb's bf16
 // rows written by block 0, are bit-identical to its output), computes logit j = router row j
@@ -261,14 +267,7 @@ extern "C" __global__ void moe_norm_route(const float* x, const float* gamma, fl
         for (int u = 0; u < 8; u++) ss += xv[u] * xv[u];
         ss = block_sum(ss, red);
         const float inv = rsqrtf(ss / h + eps);
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-            const int i = threadIdx.x + u * nt;
-            if (i >= h) break;
-            float v = xv[u] * inv * gv[u];
-            if (j == 0) hnb[(i64)t * h + i] = f2bf(v);
-            dot += v * wv[u];
-        }
+        dot = norm_dot_8(xv, gv, wv, inv, threadIdx.x, nt, h, j == 0, hnb + (i64)t * h, dot);
     } else {
         MLA_PDL();
         const float inv = rms_inv_8(xr, h, eps, red);  // rms_norm's, 8 loads in flight
@@ -281,14 +280,7 @@ extern "C" __global__ void moe_norm_route(const float* x, const float* gamma, fl
                 gv[u] = i < h ? gamma[i] : 0.f;
                 wv[u] = i < h ? wr[i] : 0.f;
             }
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                const int i = i0 + u * nt;
-                if (i >= h) break;
-                float v = xv[u] * inv * gv[u];
-                if (j == 0) hnb[(i64)t * h + i] = f2bf(v);
-                dot += v * wv[u];
-            }
+            dot = norm_dot_8(xv, gv, wv, inv, i0, nt, h, j == 0, hnb + (i64)t * h, dot);
         }
     }
     dot = block_sum(dot, red);

@@ -16,7 +16,7 @@ for b in ops e2e graphs; do
     f=$(ls -t target/release/deps/$b-* | grep -v '\.d$' | head -1)
     cp "$f" "$pkg/$b"
 done
-cp target/release/mlaserve target/release/examples/{decode_profile,qgemv,synth_model} "$pkg/"
+cp target/release/mlaserve target/release/examples/{decode_profile,qgemv,synth_model,grid_barrier} "$pkg/"
 if [ $# -ge 1 ]; then cp "$1" "$pkg/mlaserve_old"; fi
 strip "$pkg"/*
 mkdir -p .device/pkg

@@ -7,8 +7,13 @@
 //!
 //! ```text
 //! cargo run --release -p mlaserve-cuda --example decode_profile -- MODEL.gguf
-//!     [--batch 1] [--ctx 512] [--json out.json]
+//!     [--batch 1] [--ctx 512] [--json out.json] [--replays N]
 //! ```
+//!
+//! `--replays N` instead times N replays of the step's graph with no event between its
+//! kernels (they overlap as in serving) and prints the median, p10 and p90 µs a step: with
+//! `MLASERVE_LAB_TWICE=kernel` (each launch of that kernel made twice) the difference from
+//! a plain run is that kernel's marginal cost in the pipelined step.
 
 use mlaserve_cuda::CudaExecutor;
 use mlaserve_model::{
@@ -75,6 +80,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     let step = ForwardBatch::new(seqs, bs, AttentionPath::Auto)?;
     exec.forward(&step)?; // a warm-up of the same shape
+    if let Some(n) = arg("--replays") {
+        let mut t = exec.time_step(&step, n.parse()?)?;
+        t.sort_by(|a, b| a.total_cmp(b));
+        let q = |f: f64| t[((t.len() - 1) as f64 * f).round() as usize];
+        let twice = std::env::var("MLASERVE_LAB_TWICE").unwrap_or_default();
+        println!(
+            "replays {} batch {batch} ctx {ctx} twice [{twice}]: median {:.1} µs (p10 {:.1}, p90 {:.1}), {:.1} tok/s",
+            t.len(),
+            q(0.5),
+            q(0.1),
+            q(0.9),
+            batch as f64 / q(0.5) * 1e6
+        );
+        return Ok(());
+    }
     let (prof, graphed) = exec.profile_step(&step)?;
     let total: f64 = prof.iter().map(|p| p.1).sum();
     // Aggregate by label, in order of first appearance.

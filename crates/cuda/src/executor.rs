@@ -361,6 +361,64 @@ impl CudaExecutor {
         Ok((prof?, graphed))
     }
 
+    /// `replays` replays of one decode step captured as a CUDA graph, each timed on the GPU
+    /// (µs; events only between replays, so the kernels overlap as they do in serving, unlike
+    /// [`CudaExecutor::profile_step`]'s). For the timing labs; a step that cannot be graphed
+    /// is an error. Each replay writes the step's cache slots again.
+    pub fn time_step(&mut self, batch: &ForwardBatch, replays: usize) -> Result<Vec<f64>> {
+        let num_blocks = self.cache.as_ref().map_or(0, |c| c.num_blocks);
+        let block_size = self.cache.as_ref().map_or(0, |c| c.block_size);
+        batch.check_against(num_blocks, block_size, self.model.config().vocab_size)?;
+        self.gpu.begin_step();
+        let h = self.host_inputs(batch);
+        let run = || -> Result<Vec<f64>> {
+            if self.graph_key(batch, &h).is_none() {
+                return Err(CudaError::Invalid(
+                    "time_step: this step is not one a CUDA graph can run".into(),
+                ));
+            }
+            let inputs = StepInputs::new(&self.gpu, &h, None)?;
+            self.gpu.begin_capture()?;
+            let body = self.body(batch, &inputs);
+            let graph = self.gpu.end_capture();
+            body?;
+            let graph = graph?;
+            let launch = || {
+                graph
+                    .launch()
+                    .map_err(|e| CudaError::driver("launching a decode graph", e))
+            };
+            launch()?; // warm-up
+            let event = || {
+                let e = self
+                    .gpu
+                    .ctx
+                    .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                    .map_err(|e| CudaError::driver("a timing event", e))?;
+                e.record(&self.gpu.stream)
+                    .map_err(|e| CudaError::driver("recording a timing event", e))?;
+                Ok::<_, CudaError>(e)
+            };
+            let mut marks = vec![event()?];
+            for _ in 0..replays {
+                launch()?;
+                marks.push(event()?);
+            }
+            self.gpu.sync()?;
+            marks
+                .windows(2)
+                .map(|w| {
+                    w[0].elapsed_ms(&w[1])
+                        .map(|ms| ms as f64 * 1e3)
+                        .map_err(|e| CudaError::driver("a timing event's time", e))
+                })
+                .collect()
+        };
+        let r = run();
+        self.gpu.end_step();
+        r
+    }
+
     /// Decode shapes captured as CUDA graphs so far.
     pub fn cuda_graphs(&self) -> usize {
         self.graphs.len()

@@ -122,6 +122,10 @@ pub struct Gpu {
     /// `MLASERVE_PDL=0`): each may be scheduled while the previous kernel runs and waits for
     /// it in its first statement (`MLA_PDL()` in kernels/common.cuh).
     pub pdl: bool,
+    /// Kernels launched twice each time (`MLASERVE_LAB_TWICE=name,name`): a timing lab's
+    /// way to read one kernel's marginal cost inside a whole step (examples/decode_profile.rs
+    /// `--replays`). Results change where a doubled kernel accumulates; never for serving.
+    twice: Vec<String>,
 }
 
 /// The step scratch arena: chunks of device memory, bump-allocated, reset per step.
@@ -239,6 +243,7 @@ impl Gpu {
             prof: std::sync::Mutex::new(None),
             dequant_scratch: std::sync::OnceLock::new(),
             pdl,
+            twice: lab_twice(),
         })
     }
 
@@ -588,6 +593,13 @@ impl Gpu {
         if cfg.grid_dim.0 == 0 || cfg.grid_dim.1 == 0 || cfg.grid_dim.2 == 0 {
             return Ok(());
         }
+        if self.twice.iter().any(|t| t == name) {
+            self.launch_once(name, cfg, args)?;
+        }
+        self.launch_once(name, cfg, args)
+    }
+
+    fn launch_once(&self, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
         let f = self.func(name)?;
         let mut vals: Vec<Arg> = args.to_vec();
         let mut params: Vec<*mut std::ffi::c_void> = vals
@@ -645,6 +657,20 @@ impl Gpu {
         .map_err(|e| CudaError::driver(format!("launching {name}"), e))?;
         self.prof_mark(name)
     }
+}
+
+/// `MLASERVE_LAB_TWICE`'s kernel names (said on stderr: a step's results may change).
+fn lab_twice() -> Vec<String> {
+    let names: Vec<String> = std::env::var("MLASERVE_LAB_TWICE")
+        .unwrap_or_default()
+        .split(',')
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+        .collect();
+    if !names.is_empty() {
+        eprintln!("MLASERVE_LAB_TWICE: launching {names:?} twice (a timing lab; outputs may differ)");
+    }
+    names
 }
 
 /// One kernel argument: a device pointer, an int, a long or a float.

@@ -21,6 +21,7 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/flash_attn.cu"),
     include_str!("../kernels/flash_attn_wgmma.cu"),
     include_str!("../kernels/moe_grouped.cu"),
+    include_str!("../kernels/lab.cu"),
 );
 
 /// Kernel names exported by [`SOURCE`] (each is loaded at start, so a missing one fails early).
@@ -119,6 +120,8 @@ pub const NAMES: &[&str] = &[
     "moe_gemm_q4_k",
     "moe_gemm_q4_k_m4",
     "qgemm_reduce",
+    "lab_handoff",
+    "lab_grid_sync",
 ];
 
 /// NVRTC's name for a compute capability.

@@ -370,7 +370,7 @@ pub fn pick_splits(
     // 32-64 heads stay at 256, their f32 queries (74-147 KB a block) weighing like 64-128
     // cache rows (session 6 lab, B16 H64 ctx 1,024: 4 splits 24.4 µs, 8 26.8, 16 47.7).
     let min_keys = if units * 8 <= sms && rows <= 16 {
-        64
+        small_split_keys()
     } else {
         256
     };
@@ -381,6 +381,19 @@ pub fn pick_splits(
     };
     let best = (1..=cap).map(fill).fold(0f64, f64::max);
     (1..=cap).find(|&s| fill(s) >= best * 0.97).unwrap_or(1)
+}
+
+/// Keys a split at least on a tiny grid of ≤ 16-head blocks ([`pick_splits`]): 64, one tile
+/// (`MLASERVE_DECODE_SPLIT_KEYS=N` for comparisons; a multiple of 64 keeps whole tiles).
+fn small_split_keys() -> usize {
+    static KEYS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *KEYS.get_or_init(|| {
+        std::env::var("MLASERVE_DECODE_SPLIT_KEYS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&k: &usize| k > 0)
+            .unwrap_or(64)
+    })
 }
 
 #[cfg(test)]

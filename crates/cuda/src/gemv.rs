@@ -54,11 +54,13 @@ pub fn gemv_fits(m: usize, k: usize) -> bool {
 /// never, `=1`: at every M (comparisons).
 fn prefetch(m: usize) -> bool {
     static MODE: OnceLock<Option<bool>> = OnceLock::new();
-    let mode = *MODE.get_or_init(|| match std::env::var("MLASERVE_GEMV_PREFETCH").as_deref() {
-        Ok("0") => Some(false),
-        Ok("1") => Some(true),
-        _ => None,
-    });
+    let mode = *MODE.get_or_init(
+        || match std::env::var("MLASERVE_GEMV_PREFETCH").as_deref() {
+            Ok("0") => Some(false),
+            Ok("1") => Some(true),
+            _ => None,
+        },
+    );
     mode.unwrap_or(m >= 2)
 }
 

@@ -668,7 +668,9 @@ fn lab_twice() -> Vec<String> {
         .map(str::to_string)
         .collect();
     if !names.is_empty() {
-        eprintln!("MLASERVE_LAB_TWICE: launching {names:?} twice (a timing lab; outputs may differ)");
+        eprintln!(
+            "MLASERVE_LAB_TWICE: launching {names:?} twice (a timing lab; outputs may differ)"
+        );
     }
     names
 }

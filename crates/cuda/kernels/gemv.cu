@@ -1,9 +1,9 @@
 // Dense bf16 GEMV for decode steps (M <= 4 rows of x): one launch for up to two weight
 // matrices that read the same x (q_proj|q_a and kv_a_proj), optionally with the RMSNorm that
 // makes x in its prologue, and (where the host asks: gemv.rs) an L2 prefetch of the block's
-// weight rows issued before the wait on the previous grid (weights are never written by a kernel, so that read cannot race;
-// with PDL it overlaps the previous kernel's tail), and each warp's first four K steps loaded
-// into registers before that wait too (GemvRows).
+// weight rows issued before the wait on the previous grid (weights are never written by a
+// kernel, so that read cannot race; with PDL it overlaps the previous kernel's tail), and each
+// warp's first four K steps loaded into registers before that wait too (GemvRows).
 //
 // out_j[m, r] (= or +=) W_j[r, :] . x[m, :] for j = 0, 1; W_j bf16 [r_j, k], out_j f32 with
 // row stride ld_j. x is xb bf16 [M, k] (row stride k), or, where gamma is non-null,

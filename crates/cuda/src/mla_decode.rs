@@ -350,18 +350,20 @@ impl Gpu {
             sms,
             max_keys,
             max_splits,
+            small_split_keys(),
         ))
     }
 }
 
 /// See [`Gpu::mqa_tc_splits`]; `units` = tokens x head groups, `rows` = heads a block
-/// serves (queries staged per block).
+/// serves (queries staged per block), `small_keys` = keys a split at least on a tiny grid.
 pub fn pick_splits(
     units: usize,
     rows: usize,
     sms: usize,
     max_keys: usize,
     max_splits: usize,
+    small_keys: usize,
 ) -> usize {
     // At least 256 keys a split. A decode of a few tokens is latency-bound, so when the
     // blocks would fill under 1/8 of the SMs, blocks serving ≤ 16 heads take splits of one
@@ -370,7 +372,7 @@ pub fn pick_splits(
     // 32-64 heads stay at 256, their f32 queries (74-147 KB a block) weighing like 64-128
     // cache rows (session 6 lab, B16 H64 ctx 1,024: 4 splits 24.4 µs, 8 26.8, 16 47.7).
     let min_keys = if units * 8 <= sms && rows <= 16 {
-        small_split_keys()
+        small_keys
     } else {
         256
     };
@@ -383,8 +385,8 @@ pub fn pick_splits(
     (1..=cap).find(|&s| fill(s) >= best * 0.97).unwrap_or(1)
 }
 
-/// Keys a split at least on a tiny grid of ≤ 16-head blocks ([`pick_splits`]): 64, one tile
-/// (`MLASERVE_DECODE_SPLIT_KEYS=N` for comparisons; a multiple of 64 keeps whole tiles).
+/// [`pick_splits`]'s `small_keys`: 64, one tile (`MLASERVE_DECODE_SPLIT_KEYS=N` for
+/// comparisons; a multiple of 64 keeps whole tiles).
 fn small_split_keys() -> usize {
     static KEYS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *KEYS.get_or_init(|| {
@@ -403,17 +405,17 @@ mod tests {
     #[test]
     fn splits_fill_the_sms() {
         // B=64, 16 heads, ctx 4096 on 132 SMs: 2 splits = 128 blocks, 97% of one wave.
-        assert_eq!(pick_splits(64, 16, 132, 4096, 16), 2);
+        assert_eq!(pick_splits(64, 16, 132, 4096, 16, 64), 2);
         // B=128: one split already fills 97%.
-        assert_eq!(pick_splits(128, 16, 132, 8192, 16), 1);
+        assert_eq!(pick_splits(128, 16, 132, 8192, 16, 64), 1);
         // Batch 1: as many splits as allowed, one 64-key tile each at least.
-        assert_eq!(pick_splits(1, 16, 132, 4096, 16), 16);
-        assert_eq!(pick_splits(1, 16, 132, 300, 16), 5);
-        assert_eq!(pick_splits(1, 16, 132, 513, 16), 9);
-        assert_eq!(pick_splits(1, 16, 132, 1, 16), 1);
+        assert_eq!(pick_splits(1, 16, 132, 4096, 16, 64), 16);
+        assert_eq!(pick_splits(1, 16, 132, 300, 16, 64), 5);
+        assert_eq!(pick_splits(1, 16, 132, 513, 16, 64), 9);
+        assert_eq!(pick_splits(1, 16, 132, 1, 16, 64), 1);
         // 64-head blocks keep 256 keys a split: B16 at 1,024 keys takes 4, B1 at 8,192 16.
-        assert_eq!(pick_splits(16, 64, 132, 1024, 16), 4);
-        assert_eq!(pick_splits(1, 64, 132, 8192, 16), 16);
+        assert_eq!(pick_splits(16, 64, 132, 1024, 16, 64), 4);
+        assert_eq!(pick_splits(1, 64, 132, 8192, 16, 64), 16);
     }
 
     #[test]

@@ -261,10 +261,8 @@ fn main() -> Res<()> {
                 {
                     let is_default = Some(v) == QmvVariant::for_m(ty, 1);
                     let label = format!(
-                        "qmv r{}m{}{}{}",
-                        v.r,
-                        v.mt,
-                        if v.wide { "w" } else { "" },
+                        "qmv {}{}",
+                        v.kernel(ty).rsplit('_').next().unwrap_or(""),
                         if is_default { " (default)" } else { "" }
                     );
                     // Check on copy 0 with a poisoned output.

@@ -415,7 +415,9 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
                                     accumulate, out);                                          \
     }
 // qgemv.rs's QmvVariant::ALL lists these (type, rows a warp, vectors, steps in flight: 4, 2
-// or 1 where registers bind; CTAs an SM; words a lane). 8 rows a warp (one CTA an SM for
+// or 1 where registers bind; CTAs an SM; words a lane). `w3`: three CTAs an SM (80
+// registers, one step in flight), which QmvVariant::for_shape takes where its more warps
+// deal the row groups out more evenly. 8 rows a warp (one CTA an SM for
 // the registers) measured 0-16% slower than 4 at every shape in session 6 (bench/cuda/qgemv.md).
 QMV_ENTRY(q8_0, QT_Q8_0, 1, 1, 4, 2, 1, )
 QMV_ENTRY(q8_0, QT_Q8_0, 2, 1, 4, 2, 1, )
@@ -428,6 +430,7 @@ QMV_ENTRY(q8_0, QT_Q8_0, 4, 1, 1, 2, 2, w)
 QMV_ENTRY(q8_0, QT_Q8_0, 2, 2, 2, 2, 2, w)
 QMV_ENTRY(q8_0, QT_Q8_0, 2, 4, 2, 2, 2, w)
 QMV_ENTRY(q8_0, QT_Q8_0, 2, 8, 2, 2, 2, w)
+QMV_ENTRY(q8_0, QT_Q8_0, 2, 1, 1, 3, 2, w3)
 QMV_ENTRY(q4_k, QT_Q4_K, 1, 1, 4, 2, 1, )
 QMV_ENTRY(q4_k, QT_Q4_K, 2, 1, 3, 2, 1, )
 QMV_ENTRY(q4_k, QT_Q4_K, 4, 1, 1, 2, 1, )
@@ -439,6 +442,7 @@ QMV_ENTRY(q4_k, QT_Q4_K, 4, 1, 1, 2, 2, w)
 QMV_ENTRY(q4_k, QT_Q4_K, 2, 2, 2, 2, 2, w)
 QMV_ENTRY(q4_k, QT_Q4_K, 2, 4, 2, 2, 2, w)
 QMV_ENTRY(q4_k, QT_Q4_K, 2, 8, 1, 2, 2, w)
+QMV_ENTRY(q4_k, QT_Q4_K, 2, 1, 1, 3, 2, w3)
 
 // Two f32 -> bf16x2 (lo in the low half), rounded to nearest even: one cvt on sm_80+, f2bf
 // before. Dequantized weights are finite, where both agree bit for bit.

@@ -2,8 +2,8 @@
 //! weight matrices in one launch. It replaces cuBLAS where cuBLAS is far from the copy ceiling
 //! (7-52% on V2-Lite's attention and shared-expert projections at M = 1, bench/cuda/
 //! decode_profile.md), fuses the RMSNorm that makes x where the caller asks (q_proj|q_a and
-//! kv_a_proj read the same normalized rows), and (M >= 2) prefetches its weight rows into L2
-//! before it waits for the previous kernel (`MLA_WEIGHTS_FIRST`, common.cuh).
+//! kv_a_proj read the same normalized rows), and (where asked, for comparisons) prefetches its
+//! weight rows into L2 before it waits for the previous kernel (`MLA_WEIGHTS_FIRST`, common.cuh).
 //!
 //! Invariants: x rows sit in shared memory (M * K bf16 <= [`GEMV_MAX_SMEM`]); K is a multiple
 //! of 8 and every pointer 16-byte aligned (the kernel's vector loads); with a norm the bf16
@@ -48,20 +48,14 @@ pub fn gemv_fits(m: usize, k: usize) -> bool {
     (1..=GEMV_MAX_M).contains(&m) && k > 0 && k % 8 == 0 && m * k * 2 <= GEMV_MAX_SMEM
 }
 
-/// The L2 prefetch of the block's rows before the wait, for M >= 2 only: at M = 1 it made the
-/// V2-Lite step slower (session 11, `decode_profile --replays`: 2,146.6 µs a step without it
-/// against 2,175.2 with it; M = 2 not measured, so unchanged). `MLASERVE_GEMV_PREFETCH=0`:
-/// never, `=1`: at every M (comparisons).
-fn prefetch(m: usize) -> bool {
-    static MODE: OnceLock<Option<bool>> = OnceLock::new();
-    let mode = *MODE.get_or_init(
-        || match std::env::var("MLASERVE_GEMV_PREFETCH").as_deref() {
-            Ok("0") => Some(false),
-            Ok("1") => Some(true),
-            _ => None,
-        },
-    );
-    mode.unwrap_or(m >= 2)
+/// The L2 prefetch of the block's rows before the wait: off by default, since it made the
+/// V2-Lite step slower at M = 1 and 2 and no faster at 3 and 4 (`decode_profile --replays
+/// 300`, µs a step without / with: b1 2,146.6 / 2,175.2 in session 11; b2 3,288.2 / 3,376.6,
+/// b3 4,168.5 / 4,168.6, b4 4,784.7 / 4,784.4 in session 12). `MLASERVE_GEMV_PREFETCH=1`:
+/// at every M (comparisons).
+fn prefetch() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLASERVE_GEMV_PREFETCH").is_ok_and(|v| v == "1"))
 }
 
 impl Gpu {
@@ -114,7 +108,7 @@ impl Gpu {
             b.rows as i32,
             b.ld as i32,
         );
-        let (acc, pf) = (acc as i32, prefetch(m) as i32);
+        let (acc, pf) = (acc as i32, prefetch() as i32);
         self.launch(
             name,
             cfg,

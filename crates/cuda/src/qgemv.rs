@@ -177,20 +177,22 @@ impl QPath {
     }
 }
 
-/// One GEMV kernel: `r` rows a warp, up to `mt` vectors, and `wide`: a lane loads two
-/// 16-byte words of quants a row a step instead of one (Q8_0: 32 quants; Q4_K: a whole
-/// sub-block pair, so each header a lane loads serves 64 weights, not 32)
-/// (`qmv_<ty>_r<r>m<mt>[w]`).
+/// One GEMV kernel: `r` rows a warp, up to `mt` vectors, `wide`: a lane loads two 16-byte
+/// words of quants a row a step instead of one (Q8_0: 32 quants; Q4_K: a whole sub-block
+/// pair, so each header a lane loads serves 64 weights, not 32), and `ctas` resident an SM
+/// (2; or 3 for [`QmvVariant::WIDE3`], with one step in flight instead of two)
+/// (`qmv_<ty>_r<r>m<mt>[w|w3]`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QmvVariant {
     pub r: usize,
     pub mt: usize,
     pub wide: bool,
+    pub ctas: usize,
 }
 
 impl QmvVariant {
     /// Every kernel `qgemv.cu` instantiates (per type).
-    pub const ALL: [QmvVariant; 11] = [
+    pub const ALL: [QmvVariant; 12] = [
         QmvVariant::narrow(1, 1),
         QmvVariant::narrow(2, 1),
         QmvVariant::narrow(4, 1),
@@ -202,14 +204,35 @@ impl QmvVariant {
         QmvVariant::wide(2, 2),
         QmvVariant::wide(2, 4),
         QmvVariant::wide(2, 8),
+        QmvVariant::WIDE3,
     ];
 
+    /// 2 rows a warp, one vector, two words, three CTAs an SM (80 registers, one step in
+    /// flight): [`Gpu::qmv`] takes it where its 1.5x as many warps deal the row groups out
+    /// more evenly ([`w3_evener`]).
+    pub const WIDE3: QmvVariant = QmvVariant {
+        r: 2,
+        mt: 1,
+        wide: true,
+        ctas: 3,
+    };
+
     const fn narrow(r: usize, mt: usize) -> Self {
-        QmvVariant { r, mt, wide: false }
+        QmvVariant {
+            r,
+            mt,
+            wide: false,
+            ctas: 2,
+        }
     }
 
     const fn wide(r: usize, mt: usize) -> Self {
-        QmvVariant { r, mt, wide: true }
+        QmvVariant {
+            r,
+            mt,
+            wide: true,
+            ctas: 2,
+        }
     }
 
     /// Most vectors one launch takes.
@@ -228,14 +251,23 @@ impl QmvVariant {
             5..=8 => 8,
             _ => return None,
         };
-        Some(QmvVariant { r: 2, mt, wide })
+        Some(QmvVariant {
+            r: 2,
+            mt,
+            wide,
+            ctas: 2,
+        })
     }
 
     /// The expert GEMV's kernel (its pairs run side by side, each over few rows).
     pub const PAIRS: QmvVariant = QmvVariant::wide(2, 1);
 
     pub fn kernel(self, ty: QType) -> String {
-        let w = if self.wide { "w" } else { "" };
+        let w = match (self.wide, self.ctas) {
+            (false, _) => "",
+            (true, 3) => "w3",
+            (true, _) => "w",
+        };
         format!("qmv_{}_r{}m{}{w}", ty.tag(), self.r, self.mt)
     }
 
@@ -260,6 +292,30 @@ fn narrow_only(v: QmvVariant) -> QmvVariant {
     } else {
         QmvVariant::narrow(v.r, v.mt)
     }
+}
+
+/// How evenly `groups` row groups dealt round robin keep `warps` warps busy: the mean rounds
+/// a warp walks over the most any warp walks (1: every warp the same).
+fn evenness(groups: usize, warps: usize) -> f64 {
+    let r = groups as f64 / warps.max(1) as f64;
+    r / r.ceil().max(1.0)
+}
+
+/// Whether [`QmvVariant::WIDE3`] (`warps3` resident warps) deals `groups` row groups out
+/// more evenly than the two-CTA kernel (`warps2`), by more than 5 points. Session 12 (bench/
+/// cuda/qgemv.md, runs 1-3): V3 gate/up, 9,216 groups, 0.87 -> 0.97, Q4_K 23.7 -> 22.5 µs and
+/// Q8_0 36.1 -> 35.7; where it would deal them less evenly it lost (V3 down, 3,584 groups,
+/// 0.85 -> 0.57: 24.7 -> 29.8 µs), and at equal evenness the two-CTA kernel's two steps in
+/// flight were as fast or faster (V2-Lite gate_up). (Stream-K, the same number of K steps
+/// for every warp, and grids covering the groups once were slower everywhere.)
+pub fn w3_evener(groups: usize, warps2: usize, warps3: usize) -> bool {
+    evenness(groups, warps3) > evenness(groups, warps2) + 0.05
+}
+
+/// `MLASERVE_QMV_W3=0` (comparisons, read once): never [`QmvVariant::WIDE3`].
+fn w3_allowed() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLASERVE_QMV_W3").map_or(true, |v| v != "0"))
 }
 
 impl Gpu {
@@ -350,7 +406,18 @@ impl Gpu {
                 QmvVariant::MAX_M
             ))
         })?;
-        self.qmv_variant(w, x, row0, m, out, accumulate, narrow_only(v), None)
+        let mut v = narrow_only(v);
+        if v == QmvVariant::wide(2, 1) && w3_allowed() {
+            let smem = v.smem(w.cols);
+            let warps = |v: QmvVariant| -> Result<usize> {
+                Ok(8 * self.resident_ctas(&v.kernel(w.ty), smem)?)
+            };
+            let w3 = QmvVariant::WIDE3;
+            if w3_evener(w.rows.div_ceil(2), warps(v)?, warps(w3)?) {
+                v = w3;
+            }
+        }
+        self.qmv_variant(w, x, row0, m, out, accumulate, v, None)
     }
 
     /// [`Gpu::qmv`] with an explicit kernel and an optional cap on the persistent grid (the
@@ -607,9 +674,10 @@ mod tests {
                 } else {
                     "QT_Q4_K"
                 };
-                let (nq, suf) = if v.wide { (2, "w") } else { (1, "") };
+                let nq = if v.wide { 2 } else { 1 };
+                let suf = name.rsplit_once(&format!("m{}", v.mt)).unwrap().1;
                 let entry = format!("QMV_ENTRY({}, {ty_macro}, {}, {}, ", ty.tag(), v.r, v.mt);
-                let tail = format!(", {nq}, {suf})");
+                let tail = format!(", {}, {nq}, {suf})", v.ctas);
                 assert!(
                     crate::kernels::SOURCE
                         .lines()
@@ -636,6 +704,18 @@ mod tests {
         let p = QmvVariant::PAIRS;
         assert!(QmvVariant::ALL.contains(&QmvVariant::narrow(p.r, p.mt)));
         assert!(QmvVariant::ALL.contains(&QmvVariant::PAIRS));
+    }
+
+    #[test]
+    fn three_ctas_only_where_they_deal_groups_out_more_evenly() {
+        // H200: 132 SMs, 8 warps a CTA.
+        let (w2, w3) = (132 * 8 * 2, 132 * 8 * 3);
+        assert!(w3_evener(18432 / 2, w2, w3)); // V3 gate/up: 0.87 -> 0.97
+        assert!(!w3_evener(7168 / 2, w2, w3)); // V3 down: 0.85 -> 0.57
+        assert!(!w3_evener(21888 / 2, w2, w3)); // V2-Lite gate_up: 0.86 both
+        assert!(!w3_evener(3072 / 2, w2, w3)); // one round: fewer warps busy
+        assert!(!w3_evener(0, w2, w3));
+        assert!((evenness(4, 4) - 1.0).abs() < 1e-12 && (evenness(5, 4) - 0.625).abs() < 1e-12);
     }
 
     #[test]

@@ -381,24 +381,85 @@ __device__ __forceinline__ void warp_2rows_dot(const bf16* w0, const bf16* w1, c
     out1 = warp_sum(s1);
 }
 
+// warp_2rows_dot whose first four K steps of both rows (a, b) were loaded already: the same
+// sums, bit for bit.
+__device__ __forceinline__ void warp_2rows_dot_from(uint4 (&a)[4], uint4 (&b)[4],
+                                                    const bf16* w0, const bf16* w1,
+                                                    const bf16* x, int n, int lane,
+                                                    float& out0, float& out1) {
+    float s0 = 0.f, s1 = 0.f;
+    for (int c0 = lane * 8; c0 < n; c0 += 4 * 32 * 8) {
+        if (c0 != lane * 8) {
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int c = c0 + u * 256;
+                if (c < n) {
+                    a[u] = *(const uint4*)(w0 + c);
+                    b[u] = *(const uint4*)(w1 + c);
+                }
+            }
+        }
+        dot2_steps4(a, b, x, c0, n, s0, s1);
+    }
+    out0 = warp_sum(s0);
+    out1 = warp_sum(s1);
+}
+
 // Expert gate|up GEMV with the SwiGLU in its epilogue: act[p, i] = bf16(silu(g) * u) with
 // g = W[i, :] . x, u = W[up + i, :] . x (up = f, or fs for a slice), W = the gate|up of expert
 // ids[p], x row p / x_div — bit for bit moe_gemv (rows 2f) then silu_mul_bf16. Pairs not held
 // get 0. grid (ceil(f / 8), pairs), block 256: a warp per i, its gate and up rows together.
 // Each pair reads its expert: meant for one token, whose pairs are distinct experts.
+//
+// Shared slices early (k_routed < x_div, pairs = tokens * x_div): each token's last x_div -
+// k_routed pairs are the slices, whose ids the routing writes as e_routed + j (route_row).
+// Their blocks come first in grid.y (so they are the ones resident while the routing kernel
+// before this one runs) and load their first four K steps of both rows before the PDL wait:
+// neither the pointer table nor the weights depend on that kernel. After the wait a block
+// whose id is not e_routed + j after all reloads (the same sums either way). k_routed =
+// x_div: pairs in order, nothing early.
 extern "C" __global__ void moe_gemv_swiglu(const unsigned long long* w_ptrs, int first,
                                            int held, const int* ids, const bf16* x, int x_div,
-                                           int n, int f, int e_routed, int fs, bf16* act) {
+                                           int n, int f, int e_routed, int fs, int k_routed,
+                                           bf16* act) {
+    const int lane = threadIdx.x & 31, i = blockIdx.x * 8 + (threadIdx.x >> 5);
+    const int ns = x_div - k_routed, tokens = gridDim.y / x_div, y = blockIdx.y;
+    int p = y, slice = -1;
+    if (ns > 0) {
+        if (y < tokens * ns) {
+            slice = y % ns;
+            p = (y / ns) * x_div + k_routed + slice;
+        } else {
+            p = ((y - tokens * ns) / k_routed) * x_div + (y - tokens * ns) % k_routed;
+        }
+    }
+    uint4 a[4], b[4];
+    const bf16* we = nullptr;
+    if (slice >= 0 && i < f) {
+        const int ex = e_routed + slice - first;
+        we = ex >= 0 && ex < held ? (const bf16*)w_ptrs[ex] : nullptr;
+        if (we) {
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int c = lane * 8 + u * 256;
+                if (c < n) {
+                    a[u] = *(const uint4*)(we + (i64)i * n + c);
+                    b[u] = *(const uint4*)(we + (i64)(fs + i) * n + c);
+                }
+            }
+        }
+    }
     MLA_PDL();
-    int p = blockIdx.y, lane = threadIdx.x & 31;
-    int i = blockIdx.x * 8 + (threadIdx.x >> 5);
     if (i >= f) return;
     const bf16* w = pair_expert(w_ptrs, first, held, ids, p);
     float g = 0.f, u = 0.f;
     if (w) {
         const int up = ids[p] >= e_routed ? fs : f;
         const bf16* xr = x + (i64)(p / x_div) * n;
-        warp_2rows_dot(w + (i64)i * n, w + (i64)(up + i) * n, xr, n, lane, g, u);
+        if (we != nullptr && ids[p] == e_routed + slice)
+            warp_2rows_dot_from(a, b, w + (i64)i * n, w + (i64)(up + i) * n, xr, n, lane, g, u);
+        else
+            warp_2rows_dot(w + (i64)i * n, w + (i64)(up + i) * n, xr, n, lane, g, u);
     }
     if (lane == 0) act[(i64)p * f + i] = f2bf(g / (1.f + __expf(-g)) * u);
 }

@@ -874,6 +874,11 @@ impl Gpu {
     /// act[p, i] = bf16(silu(g) * u), g|u = W_{ids[p]} [2f, n] . x[p / x_div, :], for `pairs`
     /// pairs: [`Gpu::moe_gemv`] over 2f rows then [`Gpu::silu_mul`], bit for bit, in one
     /// kernel. Ids from `views.e_routed` on are shared-expert slices ([`SliceViews`]).
+    /// `k_routed` < `x_div` (pairs = tokens * x_div): each token's pairs from `k_routed` on are
+    /// the slices (ids `e_routed + j`, as the routing writes them), whose blocks run first
+    /// and load their first weights before the previous kernel ends (kernels/moe.cu; a pair
+    /// whose id differs is computed from a fresh load, with the same result);
+    /// `MLASERVE_SHARED_EARLY=0` or `k_routed = x_div`: pairs in order, nothing early.
     #[allow(clippy::too_many_arguments)]
     pub fn moe_gemv_swiglu(
         &self,
@@ -884,22 +889,33 @@ impl Gpu {
         ids: u64,
         x: u64,
         x_div: usize,
+        k_routed: usize,
         n: usize,
         f: usize,
         views: SliceViews,
         act: u64,
     ) -> Result<()> {
-        if n % 8 != 0 || x_div == 0 {
+        if n % 8 != 0 || x_div == 0 || k_routed > x_div {
             return Err(CudaError::Invalid(format!(
-                "moe_gemv_swiglu needs n % 8 == 0 and x_div > 0, got {n}, {x_div}"
+                "moe_gemv_swiglu needs n % 8 == 0, x_div > 0 and k_routed <= x_div, got n {n}, \
+                 x_div {x_div}, k_routed {k_routed}"
             )));
         }
+        static EARLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let early = *EARLY
+            .get_or_init(|| std::env::var("MLASERVE_SHARED_EARLY").map_or(true, |v| v != "0"));
+        let kr = if early && pairs % x_div == 0 && views.e_routed < i32::MAX as usize {
+            k_routed
+        } else {
+            x_div
+        };
         let (fi, hd, xd, n32, f32_) = (first as i32, held as i32, x_div as i32, n as i32, f as i32);
         let (er, fs) = views.args();
+        let kr = kr as i32;
         self.launch(
             "moe_gemv_swiglu",
             Gpu::cfg((f.div_ceil(8) as u32, pairs as u32, 1), 256),
-            &args![w_ptrs, fi, hd, ids, x, xd, n32, f32_, er, fs, act],
+            &args![w_ptrs, fi, hd, ids, x, xd, n32, f32_, er, fs, kr, act],
         )
     }
 

@@ -1851,6 +1851,7 @@ fn moe(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             ip,
             xd.ptr(),
             k,
+            k,
             n,
             f,
             SliceViews::NONE,
@@ -1957,22 +1958,48 @@ fn moe_slices(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     let (idd, xd, wd) = (gpu.upload(&ids).unwrap(), up(&x), gpu.upload(&wts).unwrap());
     let views = SliceViews { e_routed: e, fs };
     let held = e + slices;
-    let act = poisoned::<u16>(gpu, t * k * f);
-    gpu.moe_gemv_swiglu(
-        t * k,
-        gup.ptr(),
-        0,
-        held,
-        idd.ptr(),
-        xd.ptr(),
-        k,
-        h,
-        f,
-        views,
-        act.ptr(),
-    )
-    .unwrap();
-    let act_h = gpu.to_host(&act).unwrap();
+    // k_routed 2: the slices' blocks first, their first weights loaded before the wait; 4:
+    // pairs in order. The same bits either way, and with slice ids the routing would not
+    // write (slot 2 of token 1 holds a routed expert: that block reloads).
+    let swiglu = |ids: &DBuf<i32>, k_routed: usize| {
+        let act = poisoned::<u16>(gpu, t * k * f);
+        gpu.moe_gemv_swiglu(
+            t * k,
+            gup.ptr(),
+            0,
+            held,
+            ids.ptr(),
+            xd.ptr(),
+            k,
+            k_routed,
+            h,
+            f,
+            views,
+            act.ptr(),
+        )
+        .unwrap();
+        gpu.to_host(&act).unwrap()
+    };
+    let act_h = swiglu(&idd, 2);
+    let act = gpu.upload(&act_h).unwrap();
+    let odd: Vec<i32> = vec![1, 3, 4, 5, 2, 0, 3, 5];
+    let odd_d = gpu.upload(&odd).unwrap();
+    for (name, ids_d, kr) in [("in order", &idd, 4), ("odd ids", &odd_d, 2)] {
+        let a = swiglu(ids_d, kr);
+        let b = if kr == 2 {
+            swiglu(ids_d, 4)
+        } else {
+            act_h.clone()
+        };
+        let mism = a.iter().zip(&b).filter(|(a, b)| a != b).count();
+        rep.check(
+            "moe_gemv_swiglu",
+            format!("T{t} slices early vs {name} (k_routed {kr})"),
+            "bf16",
+            mism as f64,
+            0.0,
+        );
+    }
     // The shared MLP as one expert of width fs, for each token.
     let one = gpu.upload(&[sgu.ptr()]).unwrap();
     let zero = gpu.upload(&[0i32; 2]).unwrap();

@@ -325,6 +325,7 @@ impl CudaExecutor {
                 ip,
                 hnb.ptr(),
                 k,
+                mc.top_k,
                 h,
                 f,
                 views,

@@ -359,6 +359,19 @@ extern "C" __global__ void moe_gemv(const unsigned long long* w_ptrs, int first,
 // after its gate rows (f for a routed expert) and its down rows are fs apart (n for a routed
 // expert). Without slices the caller passes fs = f.
 
+// Four K steps (from column c0, 256 apart) of two rows w0, w1 into a, b (none past n).
+__device__ __forceinline__ void load_2rows4(uint4 (&a)[4], uint4 (&b)[4], const bf16* w0,
+                                            const bf16* w1, int c0, int n) {
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        int c = c0 + u * 256;
+        if (c < n) {
+            a[u] = *(const uint4*)(w0 + c);
+            b[u] = *(const uint4*)(w1 + c);
+        }
+    }
+}
+
 // Two rows of one warp (w0, w1, K = n) against x, each sum exactly as warp_row_dot sums one row
 // (same lane steps, same order), with four K steps of both rows in flight: the loads, not the
 // warps, cover the memory latency (gemv.cu). out0 = w0 . x, out1 = w1 . x, in every lane.
@@ -367,38 +380,22 @@ __device__ __forceinline__ void warp_2rows_dot(const bf16* w0, const bf16* w1, c
     float s0 = 0.f, s1 = 0.f;
     for (int c0 = lane * 8; c0 < n; c0 += 4 * 32 * 8) {
         uint4 a[4], b[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int c = c0 + u * 256;
-            if (c < n) {
-                a[u] = *(const uint4*)(w0 + c);
-                b[u] = *(const uint4*)(w1 + c);
-            }
-        }
+        load_2rows4(a, b, w0, w1, c0, n);
         dot2_steps4(a, b, x, c0, n, s0, s1);  // x is small and shared by all warps: L1
     }
     out0 = warp_sum(s0);
     out1 = warp_sum(s1);
 }
 
-// warp_2rows_dot whose first four K steps of both rows (a, b) were loaded already: the same
-// sums, bit for bit.
+// warp_2rows_dot whose first four K steps of both rows (a, b: load_2rows4 at lane * 8) were
+// loaded already: the same sums, bit for bit.
 __device__ __forceinline__ void warp_2rows_dot_from(uint4 (&a)[4], uint4 (&b)[4],
                                                     const bf16* w0, const bf16* w1,
                                                     const bf16* x, int n, int lane,
                                                     float& out0, float& out1) {
     float s0 = 0.f, s1 = 0.f;
     for (int c0 = lane * 8; c0 < n; c0 += 4 * 32 * 8) {
-        if (c0 != lane * 8) {
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                int c = c0 + u * 256;
-                if (c < n) {
-                    a[u] = *(const uint4*)(w0 + c);
-                    b[u] = *(const uint4*)(w1 + c);
-                }
-            }
-        }
+        if (c0 != lane * 8) load_2rows4(a, b, w0, w1, c0, n);
         dot2_steps4(a, b, x, c0, n, s0, s1);
     }
     out0 = warp_sum(s0);
@@ -422,6 +419,7 @@ extern "C" __global__ void moe_gemv_swiglu(const unsigned long long* w_ptrs, int
                                            int held, const int* ids, const bf16* x, int x_div,
                                            int n, int f, int e_routed, int fs, int k_routed,
                                            bf16* act) {
+    MLA_WEIGHTS_FIRST();  // the slices' pointers and weights are read before the wait
     const int lane = threadIdx.x & 31, i = blockIdx.x * 8 + (threadIdx.x >> 5);
     const int ns = x_div - k_routed, tokens = gridDim.y / x_div, y = blockIdx.y;
     int p = y, slice = -1;
@@ -438,16 +436,7 @@ extern "C" __global__ void moe_gemv_swiglu(const unsigned long long* w_ptrs, int
     if (slice >= 0 && i < f) {
         const int ex = e_routed + slice - first;
         we = ex >= 0 && ex < held ? (const bf16*)w_ptrs[ex] : nullptr;
-        if (we) {
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int c = lane * 8 + u * 256;
-                if (c < n) {
-                    a[u] = *(const uint4*)(we + (i64)i * n + c);
-                    b[u] = *(const uint4*)(we + (i64)(fs + i) * n + c);
-                }
-            }
-        }
+        if (we) load_2rows4(a, b, we + (i64)i * n, we + (i64)(fs + i) * n, lane * 8, n);
     }
     MLA_PDL();
     if (i >= f) return;

@@ -416,9 +416,9 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     }
 // qgemv.rs's QmvVariant::ALL lists these (type, rows a warp, vectors, steps in flight: 4, 2
 // or 1 where registers bind; CTAs an SM; words a lane). `w3`: three CTAs an SM (80
-// registers, one step in flight), which QmvVariant::for_shape takes where its more warps
-// deal the row groups out more evenly. 8 rows a warp (one CTA an SM for
-// the registers) measured 0-16% slower than 4 at every shape in session 6 (bench/cuda/qgemv.md).
+// registers, one step in flight), which Gpu::qmv takes at one vector where its more warps
+// deal the row groups out more evenly (qgemv.rs, w3_evener). 8 rows a warp (one CTA an SM
+// for the registers) measured 0-16% slower than 4 at every shape in session 6 (bench/cuda/qgemv.md).
 QMV_ENTRY(q8_0, QT_Q8_0, 1, 1, 4, 2, 1, )
 QMV_ENTRY(q8_0, QT_Q8_0, 2, 1, 4, 2, 1, )
 QMV_ENTRY(q8_0, QT_Q8_0, 4, 1, 2, 2, 1, )

@@ -732,6 +732,11 @@ impl SliceViews {
     fn args(self) -> (i32, i32) {
         (self.e_routed.min(i32::MAX as usize) as i32, self.fs as i32)
     }
+
+    /// Whether any id names a slice (`NONE` marks none with e_routed = i32::MAX).
+    fn has_slices(self) -> bool {
+        self.e_routed < i32::MAX as usize
+    }
 }
 
 /// Routing rules of a MoE layer, as the kernel takes them.
@@ -904,7 +909,7 @@ impl Gpu {
         static EARLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let early = *EARLY
             .get_or_init(|| std::env::var("MLASERVE_SHARED_EARLY").map_or(true, |v| v != "0"));
-        let kr = if early && pairs % x_div == 0 && views.e_routed < i32::MAX as usize {
+        let kr = if early && pairs % x_div == 0 && views.has_slices() {
             k_routed
         } else {
             x_div

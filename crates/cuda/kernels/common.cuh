@@ -85,6 +85,13 @@ __device__ float block_sum(float v, float* red) {
     return red[0];
 }
 
+// A shared-memory pointer as the 32-bit address of the .shared window (for PTX operands).
+__device__ __forceinline__ unsigned mla_smem(const void* p) {
+    unsigned r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
 __device__ float block_max(float v, float* red) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     v = warp_max(v);

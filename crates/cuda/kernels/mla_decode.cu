@@ -48,12 +48,6 @@ static_assert(MLA_BN * 4 == MLA_THREADS, "the tile copy gives each thread a quar
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define MLA_TC 1
 
-__device__ __forceinline__ unsigned mla_smem(const void* p) {
-    unsigned r;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
-    return r;
-}
-
 __device__ __forceinline__ void mla_cp16(unsigned dst, const void* src, int bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
                  : "memory");

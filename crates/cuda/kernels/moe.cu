@@ -313,6 +313,121 @@ extern "C" __global__ void moe_norm_route(const float* x, const float* gamma, fl
               weights + (i64)t * ko);
 }
 
+// moe_norm_route over a thread-block cluster (sm_90): the same norm (hnb's rows bit-identical
+// to rms_norm's, written by the cluster's block 0) and the same routing (route_row_warp), but
+// each logit is one warp's dot (a warp sum, not a block sum) and the logits reach the block
+// that routes through distributed shared memory: no global ticket, no fence and no second trip
+// through L2 between the last logit and the routing (moe_norm_route's critical path).
+// grid (C, T), cluster (C, 1, 1), block 256: block r of token t takes logits
+// [r*E/C, (r+1)*E/C), its warp w those of them with index w mod 8. Where that is one logit a
+// warp (E == 8*C) and H <= 2,048, H % 128 == 0, the router row is read into registers before
+// the wait on the previous grid. The host launches it where E % C == 0, H % 4 == 0,
+// H <= MNR_CL_MAX_H, E <= 256, K <= 32, ns <= 32, n_group <= 64 (route_row_warp's bounds).
+#define MNR_CL_MAX_H 8192
+extern "C" __global__ void __launch_bounds__(256) moe_norm_route_cl(
+    const float* x, const float* gamma, float eps, int h, const float* router, bf16* hnb,
+    float* logits, const float* bias, int e, int k, int ns, int gating, int n_group,
+    int topk_group, int norm, float scale, int* ids, float* weights) {
+    MLA_WEIGHTS_FIRST();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    __shared__ float red[32];
+    __shared__ __align__(16) float xs[MNR_CL_MAX_H];
+    __shared__ float lg[256];
+    __shared__ float ch[256];
+    __shared__ float gsc[64];
+    unsigned rank, csize;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(csize));
+    // Arrive now, wait before the first remote store: every block of the cluster has started.
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+    const int t = blockIdx.y, nt = blockDim.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int per = e / (int)csize, j0 = (int)rank * per;
+    const bool one = per == 8 && h <= 2048 && (h & 127) == 0;
+    float4 wv[16];
+    if (one) {
+        const float4* wr = (const float4*)(router + (i64)(j0 + warp) * h);
+#pragma unroll
+        for (int s = 0; s < 16; s++)
+            if (s * 128 < h) wv[s] = wr[s * 32 + lane];
+    }
+    const float* xr = x + (i64)t * h;
+    bf16* hrow = hnb + (i64)t * h;
+    if (h <= 8 * nt) {
+        // moe_norm_route's one pass: the same loads, sums and products.
+        float gv[8], xv[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int i = threadIdx.x + u * nt;
+            gv[u] = i < h ? gamma[i] : 0.f;
+        }
+        MLA_PDL();
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int i = threadIdx.x + u * nt;
+            xv[u] = i < h ? xr[i] : 0.f;
+        }
+        float ss = 0.f;
+#pragma unroll
+        for (int u = 0; u < 8; u++) ss += xv[u] * xv[u];
+        ss = block_sum(ss, red);
+        const float inv = rsqrtf(ss / h + eps);
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int i = threadIdx.x + u * nt;
+            if (i >= h) break;
+            const float v = xv[u] * inv * gv[u];
+            xs[i] = v;
+            if (rank == 0) hrow[i] = f2bf(v);
+        }
+    } else {
+        MLA_PDL();
+        const float inv = rms_inv_8(xr, h, eps, red);
+        for (int i = threadIdx.x; i < h; i += nt) {
+            const float v = xr[i] * inv * gamma[i];
+            xs[i] = v;
+            if (rank == 0) hrow[i] = f2bf(v);
+        }
+    }
+    __syncthreads();
+    unsigned lg0;
+    asm("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(lg0) : "r"(mla_smem(lg)));
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+    const float4* xs4 = (const float4*)xs;
+    for (int jj = warp; jj < per; jj += 8) {
+        const int j = j0 + jj;
+        float d = 0.f;
+        if (one) {
+#pragma unroll
+            for (int s = 0; s < 16; s++) {
+                if (s * 128 >= h) break;
+                const float4 a = xs4[s * 32 + lane];
+                d += a.x * wv[s].x + a.y * wv[s].y + a.z * wv[s].z + a.w * wv[s].w;
+            }
+        } else {
+            const float4* wr = (const float4*)(router + (i64)j * h);
+            for (int i = lane; 4 * i < h; i += 32) {
+                const float4 a = xs4[i], b = wr[i];
+                d += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+            }
+        }
+        d = warp_sum(d);
+        if (lane == 0) {
+            logits[(i64)t * e + j] = d;
+            asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(lg0 + 4u * j), "f"(d) : "memory");
+        }
+    }
+    // Every logit of the token is in block 0's lg once this barrier completes.
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+    if (rank != 0 || warp != 0) return;
+    const int ko = k + ns;
+    route_row_warp(lg, bias, e, k, ns, gating, n_group, topk_group, norm, scale, ids + (i64)t * ko,
+                   weights + (i64)t * ko, ch, gsc);
+#else
+    __trap();
+#endif
+}
+
 // One warp's dot of a bf16 row w [n] with x [n] (n a multiple of 8, 16-byte aligned), lane
 // `lane` taking every 32nd group of 8; the warp sum is in every lane. The expert GEMVs below
 // all use it, so the fused kernels give exactly the unfused ones' sums.

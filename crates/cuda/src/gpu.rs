@@ -590,16 +590,45 @@ impl Gpu {
 
     /// Launches kernel `name` with `args`, which must match its parameter list.
     pub fn launch(&self, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
+        self.launch_in(name, cfg, 1, args)
+    }
+
+    /// [`Gpu::launch`] with the grid's blocks in thread-block clusters of `cluster` blocks
+    /// along x (sm_90+; `cluster` divides the grid's x, at most 8, the portable size), so
+    /// the kernel may use distributed shared memory and cluster barriers.
+    pub fn launch_cluster(
+        &self,
+        name: &str,
+        cfg: LaunchConfig,
+        cluster: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        if !self.has_clusters() || cluster == 0 || cluster > 8 || cfg.grid_dim.0 % cluster != 0 {
+            return Err(CudaError::Invalid(format!(
+                "{name}: clusters of {cluster} over a grid of {} blocks along x on {}",
+                cfg.grid_dim.0, self.arch
+            )));
+        }
+        self.launch_in(name, cfg, cluster, args)
+    }
+
+    /// Whether this GPU launches thread-block clusters (compute capability 9.0 and newer).
+    pub fn has_clusters(&self) -> bool {
+        let sm = self.arch.trim_start_matches("sm_").trim_end_matches('a');
+        sm.parse::<u32>().is_ok_and(|v| v >= 90)
+    }
+
+    fn launch_in(&self, name: &str, cfg: LaunchConfig, cluster: u32, args: &[Arg]) -> Result<()> {
         if cfg.grid_dim.0 == 0 || cfg.grid_dim.1 == 0 || cfg.grid_dim.2 == 0 {
             return Ok(());
         }
         if self.twice.iter().any(|t| t == name) {
-            self.launch_once(name, cfg, args)?;
+            self.launch_once(name, cfg, cluster, args)?;
         }
-        self.launch_once(name, cfg, args)
+        self.launch_once(name, cfg, cluster, args)
     }
 
-    fn launch_once(&self, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
+    fn launch_once(&self, name: &str, cfg: LaunchConfig, cluster: u32, args: &[Arg]) -> Result<()> {
         let f = self.func(name)?;
         let mut vals: Vec<Arg> = args.to_vec();
         let mut params: Vec<*mut std::ffi::c_void> = vals
@@ -617,13 +646,24 @@ impl Gpu {
         // SAFETY: `params` points into `vals`, alive across the call; each caller in ops.rs
         // passes the kernel's exact parameter list. With `pdl`, every kernel's first
         // statement waits for the grid before it (kernels.rs tests that each one does).
+        // `attrs` outlives the call that reads it.
         unsafe {
-            if self.pdl {
+            if self.pdl || cluster > 1 {
                 use cudarc::driver::sys as cu;
-                let mut attr: cu::CUlaunchAttribute = std::mem::zeroed();
-                attr.id =
-                    cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-                attr.value.programmaticStreamSerializationAllowed = 1;
+                let mut attrs: [cu::CUlaunchAttribute; 2] = std::mem::zeroed();
+                let mut n = 0;
+                if self.pdl {
+                    attrs[n].id = cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+                    attrs[n].value.programmaticStreamSerializationAllowed = 1;
+                    n += 1;
+                }
+                if cluster > 1 {
+                    attrs[n].id = cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+                    attrs[n].value.clusterDim.x = cluster;
+                    attrs[n].value.clusterDim.y = 1;
+                    attrs[n].value.clusterDim.z = 1;
+                    n += 1;
+                }
                 let lc = cu::CUlaunchConfig {
                     gridDimX: cfg.grid_dim.0,
                     gridDimY: cfg.grid_dim.1,
@@ -633,8 +673,8 @@ impl Gpu {
                     blockDimZ: cfg.block_dim.2,
                     sharedMemBytes: cfg.shared_mem_bytes,
                     hStream: self.stream.cu_stream(),
-                    attrs: &mut attr,
-                    numAttrs: 1,
+                    attrs: attrs.as_mut_ptr(),
+                    numAttrs: n as u32,
                 };
                 cu::cuLaunchKernelEx(
                     &lc,

@@ -30,6 +30,7 @@ pub const NAMES: &[&str] = &[
     "add_rows_indexed",
     "moe_route",
     "moe_norm_route",
+    "moe_norm_route_cl",
     "moe_gemv",
     "moe_gemv_swiglu",
     "moe_gemv_combine",

@@ -804,7 +804,7 @@ impl Gpu {
     /// RMSNorm(x [T, H] f32) * gamma (bit-identical to [`Gpu::rms_norm`]'s bf16 rows),
     /// logits [T, E] f32 = those rows (f32) . router [E, H] f32, then ids / weights
     /// [T, top_k + shared] as [`Gpu::moe_route`]. `tickets` [>= T] u32, zero, and zero again
-    /// after the launch (the kernel resets them).
+    /// after the launch (the kernel resets them). The kernel: [`Gpu::route_cluster`]'s.
     #[allow(clippy::too_many_arguments)]
     pub fn moe_norm_route(
         &self,
@@ -822,6 +822,79 @@ impl Gpu {
         ids: u64,
         weights: u64,
     ) -> Result<()> {
+        let cluster = self.route_cluster(c, h);
+        self.moe_norm_route_with(
+            t, x, gamma, eps, h, router, hnb, logits, tickets, bias, c, ids, weights, cluster,
+        )
+    }
+
+    /// The clusters [`Gpu::moe_norm_route`] runs on: `Some(8)` where the cluster kernel
+    /// (`moe_norm_route_cl`: logits handed over in distributed shared memory, no global
+    /// ticket) can take the shape and its 8 blocks a token read at most 128 KB of router each
+    /// (E x H <= 262,144: DeepSeek-V2-Lite's 64 x 2,048, not V3's 256 x 7,168, whose router
+    /// wants the ticket kernel's E blocks a token); `None`: the ticket kernel.
+    /// `MLASERVE_CLUSTER_ROUTE=0`: always the ticket kernel, for comparisons.
+    pub fn route_cluster(&self, c: &RouteCfg, h: usize) -> Option<u32> {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let on =
+            *ON.get_or_init(|| std::env::var("MLASERVE_CLUSTER_ROUTE").map_or(true, |v| v != "0"));
+        (on && self.route_cluster_fits(c, h, 8) && c.experts * h <= 262_144).then_some(8)
+    }
+
+    /// Whether `moe_norm_route_cl` takes this routing in clusters of `cluster` blocks (its
+    /// bounds, moe.cu).
+    pub fn route_cluster_fits(&self, c: &RouteCfg, h: usize, cluster: usize) -> bool {
+        self.has_clusters()
+            && (1..=8).contains(&cluster)
+            && c.experts % cluster == 0
+            && c.experts <= 256
+            && c.top_k <= 32
+            && c.shared <= 32
+            && c.n_group <= 64
+            && h % 4 == 0
+            && h <= 8192
+    }
+
+    /// [`Gpu::moe_norm_route`] on the ticket kernel (`cluster` None) or the cluster kernel
+    /// in clusters of that many blocks (an error where [`Gpu::route_cluster_fits`] says no).
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_norm_route_with(
+        &self,
+        t: usize,
+        x: u64,
+        gamma: u64,
+        eps: f32,
+        h: usize,
+        router: u64,
+        hnb: u64,
+        logits: u64,
+        tickets: &DBuf<u32>,
+        bias: u64,
+        c: &RouteCfg,
+        ids: u64,
+        weights: u64,
+        cluster: Option<u32>,
+    ) -> Result<()> {
+        let (e, k, ns, g, ng, tg, norm, scale) = c.kernel_args()?;
+        let h32 = h as i32;
+        if let Some(cl) = cluster {
+            if !self.route_cluster_fits(c, h, cl as usize) {
+                return Err(CudaError::Invalid(format!(
+                    "moe_norm_route_cl: {} experts (top {}, {} shared, {} groups), hidden {h} \
+                     in clusters of {cl} on {}",
+                    c.experts, c.top_k, c.shared, c.n_group, self.arch
+                )));
+            }
+            return self.launch_cluster(
+                "moe_norm_route_cl",
+                Gpu::cfg((cl, t as u32, 1), 256),
+                cl,
+                &args![
+                    x, gamma, eps, h32, router, hnb, logits, bias, e, k, ns, g, ng, tg, norm,
+                    scale, ids, weights
+                ],
+            );
+        }
         if t > tickets.len() {
             return Err(CudaError::Invalid(format!(
                 "moe_norm_route: {t} tokens, {} tickets",
@@ -829,8 +902,6 @@ impl Gpu {
             )));
         }
         let tickets = tickets.ptr();
-        let (e, k, ns, g, ng, tg, norm, scale) = c.kernel_args()?;
-        let h32 = h as i32;
         self.launch(
             "moe_norm_route",
             Gpu::cfg((c.experts as u32, t as u32, 1), 256),

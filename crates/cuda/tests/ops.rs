@@ -1549,11 +1549,17 @@ fn moe_norm_route(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         (256, 8, Gating::Sigmoid, 8, 4, true, true, 0, 4),
         // Fewer experts than a warp's lanes, in groups (the CPU routing's small case).
         (8, 2, Gating::Sigmoid, 4, 1, true, true, 1, 2),
+        // DeepSeek-V2-Lite's router (64 x 2,048): the cluster kernel's one-logit-a-warp path.
+        (64, 6, Gating::Softmax, 1, 1, false, false, 2, 2),
     ]
     .iter()
     .enumerate()
     {
-        let h = if i == 2 { 2312usize } else { 512 };
+        let h = match i {
+            2 => 2312usize,
+            4 => 2048,
+            _ => 512,
+        };
         let mc = route_cfg_moe(e, k, gating, n_group, topk_group, norm, bias);
         let rc = RouteCfg {
             experts: e,
@@ -1596,11 +1602,18 @@ fn moe_norm_route(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         .unwrap();
         let hn = gpu.to_host(&hn).unwrap();
         let hnb_ref = gpu.to_host(&hnb_ref).unwrap();
-        for run in 0..2 {
+        // The ticket kernel, then the cluster kernel where it takes the shape (every shape
+        // here on sm_90), each twice (the tickets reset, the kernel runs again).
+        let kernels = [None, Some(8u32)];
+        let runs = kernels
+            .iter()
+            .filter(|c| c.is_none_or(|c| gpu.route_cluster_fits(&rc, h, c as usize)))
+            .flat_map(|&c| [(c, 0), (c, 1)]);
+        for (cluster, run) in runs {
             let hnb = poisoned::<u16>(gpu, t * h);
             let logits = poisoned::<f32>(gpu, t * e);
             let (ids, w) = (poisoned::<i32>(gpu, t * ko), poisoned::<f32>(gpu, t * ko));
-            gpu.moe_norm_route(
+            gpu.moe_norm_route_with(
                 t,
                 xd.ptr(),
                 gd.ptr(),
@@ -1614,6 +1627,7 @@ fn moe_norm_route(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 &rc,
                 ids.ptr(),
                 w.ptr(),
+                cluster,
             )
             .unwrap();
             let got_hnb = gpu.to_host(&hnb).unwrap();
@@ -1643,7 +1657,8 @@ fn moe_norm_route(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 want_w.extend(wt);
                 want_w.extend(std::iter::repeat_n(1.0, ns));
             }
-            let n = format!("{name} run {run}");
+            let kernel = cluster.map_or("tickets".to_string(), |c| format!("cluster {c}"));
+            let n = format!("{name} {kernel} run {run}");
             rep.check("moe_norm_route hnb", n.clone(), "bf16", mism as f64, 0.0);
             rep.check(
                 "moe_norm_route lg",

@@ -20,7 +20,7 @@ mod common;
 
 use common::{random_bf16, random_f32, time_us};
 use cudarc::driver::sys::CUfunction_attribute;
-use mlaserve_cuda::mla_decode::{MlaVariant, W64_ABLATIONS};
+use mlaserve_cuda::mla_decode::{Early, MlaVariant, W64_ABLATIONS};
 use mlaserve_cuda::ops::{AttnDims, KeyLists};
 use mlaserve_cuda::{DBuf, Gpu};
 
@@ -178,7 +178,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         part.ptr(),
                         lse.ptr(),
                         o_lat.ptr(),
-                        false,
+                        Early::No,
                     )
                 };
                 let us = time_us(&gpu, &|_| run(), 3, 7, 10)?;
@@ -252,7 +252,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         part.ptr(),
                         lse.ptr(),
                         o_lat.ptr(),
-                        false,
+                        Early::No,
                     )
                 };
                 gpu.write(&o_lat, 0, &vec![0xffffu16; b * heads * l])?;

@@ -139,18 +139,16 @@ extern "C" __global__ void cache_write_bf16(const float* kv, int ks, const i64* 
     for (int i = threadIdx.x; i < w; i += blockDim.x) d[i] = f2bf(s[i]);
 }
 
-// The latent row of each token finished and cached, in one kernel (rms_norm, rope_interleaved
-// and cache_write_bf16 in turn, with their arithmetic, so bit-identical to them): kv [T, l+r]
+// The latent row of token t finished and cached (rms_norm, rope_interleaved and
+// cache_write_bf16 in turn, with their arithmetic, so bit-identical to them): kv [T, l+r]
 // f32 (row stride ks) in place — kv_c = kv[:, :l] RMSNorm'd times w, k_pe = kv[:, l:l+r]
 // rotated in interleaved pairs by cos/sin [T, r/2] (r even) — then cache[slots[t], :] =
-// bf16(row).
-// grid (T), block 256.
-extern "C" __global__ void kv_finish(float* kv, int ks, const float* w, int l, int r, float eps,
-                                     const float* cos_t, const float* sin_t, const i64* slots,
-                                     bf16* cache) {
-    MLA_PDL();
+// bf16(row). Every thread of a block of 256 calls it.
+__device__ void kv_finish_row(int t, float* kv, int ks, const float* w, int l, int r, float eps,
+                              const float* cos_t, const float* sin_t, const i64* slots,
+                              bf16* cache) {
     __shared__ float red[32];
-    const int t = blockIdx.x, half = r / 2;
+    const int half = r / 2;
     float* row = kv + (i64)t * ks;
     float ss = 0.f;
     for (int i = threadIdx.x; i < l; i += blockDim.x) ss += row[i] * row[i];
@@ -173,6 +171,14 @@ extern "C" __global__ void kv_finish(float* kv, int ks, const float* w, int l, i
         d[l + 2 * i] = f2bf(y0);
         d[l + 2 * i + 1] = f2bf(y1);
     }
+}
+
+// kv_finish_row for every token. grid (T), block 256.
+extern "C" __global__ void kv_finish(float* kv, int ks, const float* w, int l, int r, float eps,
+                                     const float* cos_t, const float* sin_t, const i64* slots,
+                                     bf16* cache) {
+    MLA_PDL();
+    kv_finish_row(blockIdx.x, kv, ks, w, l, r, eps, cos_t, sin_t, slots, cache);
 }
 
 // f32 variant (DSA index keys).

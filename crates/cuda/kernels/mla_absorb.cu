@@ -12,14 +12,25 @@
 // q [T, N * qk] f32 (head h: q_nope at h*qk, q_pe at h*qk + p); w_uk_t [N, L, P] bf16;
 // q_lat [T, N, L] f32. With cos non-null the blocks of chunk 0 also rotate q_pe in place
 // (interleaved pairs, cos/sin [T, r/2], as rope_interleaved; no other block reads q_pe).
-// grid (T * N, ceil(L / 64)), block 256: warp w takes rows 8w..8w+7 of the block's 64, half a
-// warp a row (8 values a lane), the four rows of each half warp's loads in flight together.
-// P % 8 == 0, P <= 512.
+// With t_kv = T (and cos), blocks x < T are kv_finish's (kv_finish_row for token x by the
+// block of chunk 0; its arguments kv, ks, kv_w, eps, slots, cache, and l and r as here) and
+// the heads' blocks come after them: the latent row finished in the same launch, one
+// dependent launch less on a small step's critical path. t_kv = 0: no such blocks.
+// grid (t_kv + T * N, ceil(L / 64)), block 256: warp w takes rows 8w..8w+7 of the block's 64,
+// half a warp a row (8 values a lane), the four rows of each half warp's loads in flight
+// together. P % 8 == 0, P <= 512.
 extern "C" __global__ void mla_q_absorb(float* q, const bf16* w_uk_t, float* q_lat, int n_heads,
                                         int qk, int p, int r, int l, const float* cos_t,
-                                        const float* sin_t) {
+                                        const float* sin_t, float* kv, int ks, const float* kv_w,
+                                        float eps, const i64* slots, bf16* cache, int t_kv) {
     MLA_WEIGHTS_FIRST();
-    const int th = blockIdx.x, t = th / n_heads, h = th % n_heads;
+    if ((int)blockIdx.x < t_kv) {
+        MLA_PDL();
+        if (blockIdx.y == 0)
+            kv_finish_row(blockIdx.x, kv, ks, kv_w, l, r, eps, cos_t, sin_t, slots, cache);
+        return;
+    }
+    const int th = blockIdx.x - t_kv, t = th / n_heads, h = th % n_heads;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = lane >> 4, hl = lane & 15;
     const bf16* wh = w_uk_t + (i64)h * l * p;
     const int rb = blockIdx.y * 64 + warp * 8 + half;  // rows rb, rb + 2, rb + 4, rb + 6

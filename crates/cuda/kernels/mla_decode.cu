@@ -693,13 +693,16 @@ __device__ __forceinline__ void mla_decode_ksplit(const float* q_lat, const floa
 
 #endif  // MLA_TC
 
-// `early` (read by mla_decode_w64 only): the key lists, block tables and cache rows were all
-// written before the previous grid began (the fused small-step path: kv_finish, then
-// mla_q_absorb, then this kernel), so the first key tile may be fetched before the wait.
+// `early` (read by mla_decode_w64 only): 1, the key lists, block tables and cache rows were
+// all written before the previous grid began (the fused small-step path: kv_finish, then
+// mla_q_absorb, then this kernel), so the first key tile may be fetched before the wait; 2,
+// the same but for token t's new row, cache row new_slots[t], which the previous grid writes
+// (mla_q_absorb with kv_finish fused) and the kernel copies after the wait.
 #define MLA_PARAMS                                                                             \
     const float *q_lat, const float *q, const bf16 *cache, float *part, float *lse,           \
         const int *n_keys, const int *sel_off, const int *sel_pos, const int *block_tables,   \
-        const int *bt_off, int bs, int nh, int p_dim, int ns, float scale_log2, int early
+        const int *bt_off, int bs, int nh, int p_dim, int ns, float scale_log2, int early,    \
+        const i64 *new_slots
 #define MLA_ARGS                                                                               \
     q_lat, q, cache, part, lse, n_keys, sel_off, sel_pos, block_tables, bt_off, bs, nh, p_dim, \
         ns, scale_log2

@@ -103,10 +103,13 @@ __device__ __forceinline__ void mlw_mma_n256t(float* d, unsigned long long da, u
 // Thread t copies row t/4 (one slot read): 16-byte chunks t%4 + 4k, k < 18, i.e. chunks t%4
 // and t%4 + 4 of each atom, at constant offsets from two per-thread bases (a warp reads 64
 // contiguous bytes of each of 8 rows an instruction).
+// With `defer` >= 0 only some rows: those of other slots than `defer` (`deferred` false), or
+// that slot's alone (true); each row is a thread's (four threads a row, all of its chunks).
 __device__ __forceinline__ void mlw_issue(const i64* slots, unsigned kv, const MlaWork& w, int tile,
-                                          const bf16* cache) {
-    if (tile < w.ntiles) {
-        const int r = threadIdx.x >> 2, c = threadIdx.x & 3;
+                                          const bf16* cache, i64 defer = -2,
+                                          bool deferred = false) {
+    const int r = threadIdx.x >> 2, c = threadIdx.x & 3;
+    if (tile < w.ntiles && (defer < 0 || (slots[(tile % 2) * 64 + r] == defer) == deferred)) {
         const i64 s = slots[(tile % 2) * 64 + r];
         const char* src = (const char*)(cache + (s < 0 ? 0 : s) * MLA_W) + 16 * c;
         const unsigned dst = kv + (tile % 2) * MLW_TILE + r * 128;
@@ -277,33 +280,39 @@ __device__ __forceinline__ MlwSmem mlw_smem() {
     return m;
 }
 
-// The block's work, the slots of its first key tile and that tile's copy (a commit group).
+// The block's work, the slots of its first key tile and that tile's copy (a commit group),
+// the row of slot `defer` left out where `defer` >= 0.
 __device__ __forceinline__ void mlw_first_tile(const MlwSmem& sm, const MlaWork& wk,
                                                MlaSlotPipe& pipe, const int* sel_pos, int bs,
-                                               const bf16* cache) {
+                                               const bf16* cache, i64 defer = -2) {
     if (0 < wk.ntiles) {
         pipe.start(wk, sel_pos, bs, 0);
         pipe.step(sm.slots, wk, sel_pos, bs, 0);
     }
     __syncthreads();  // slots of tile 0
-    mlw_issue(sm.slots, sm.kv, wk, 0, cache);
+    mlw_issue(sm.slots, sm.kv, wk, 0, cache, defer, false);
 }
 
 // What a block does before the wait on the previous grid: with `early`, its work and its
-// first key tile's copy (inputs the previous grid does not write: MLA_PARAMS); else nothing.
+// first key tile's copy (inputs the previous grid does not write: MLA_PARAMS) — under early 2
+// without the row of the token's new slot, which the previous grid writes and mlw_body copies
+// after the wait (`defer`); else nothing.
 struct MlwStart {
     MlaWork wk;
     MlaSlotPipe pipe;
+    i64 defer;
 };
 
 __device__ __forceinline__ MlwStart mlw_start(const bf16* cache, const int* n_keys,
                                               const int* sel_off, const int* sel_pos,
                                               const int* block_tables, const int* bt_off, int bs,
-                                              int nh, int ns, int early) {
+                                              int nh, int ns, int early, const i64* new_slots) {
     MlwStart st = {};  // filled in by mlw_body where not early
+    st.defer = -2;
     if (early) {
         st.wk = mla_work(64, nh, ns, n_keys, sel_off, block_tables, bt_off);
-        mlw_first_tile(mlw_smem(), st.wk, st.pipe, sel_pos, bs, cache);
+        if (early == 2) st.defer = new_slots[st.wk.t];
+        mlw_first_tile(mlw_smem(), st.wk, st.pipe, sel_pos, bs, cache, st.defer);
     }
     return st;
 }
@@ -326,6 +335,9 @@ __device__ __forceinline__ void mlw_body(MlwStart st, const float* q_lat, const 
         mlw_first_tile(sm, st.wk, pipe, sel_pos, bs, cache);
     }
     const MlaWork wk = st.wk;
+    // The new row left out before the wait (early 2), now written (tile 0's slots are still in
+    // the first half of `slots`; the loop's first wait covers this commit group too).
+    if (st.defer >= 0) mlw_issue(slots, kv, wk, 0, cache, st.defer, true);
     const int t = wk.t, h0 = wk.h0;
     const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, wq = (tid >> 5) & 3;
     const int r0 = 16 * wq + (lane >> 2), r1 = r0 + 8, qd = lane & 3;
@@ -419,7 +431,7 @@ __device__ __forceinline__ void mlw_body(MlwStart st, const float* q_lat, const 
 #ifdef MLW_OK
 #define MLW_START(EARLY)                                                                     \
     const MlwStart st = mlw_start(cache, n_keys, sel_off, sel_pos, block_tables, bt_off, bs, \
-                                  nh, ns, EARLY);
+                                  nh, ns, EARLY, new_slots);
 #define MLW_CALL(ABL, EARLY) mlw_body<ABL>(st, MLA_ARGS, EARLY);
 #else
 #define MLW_START(EARLY)

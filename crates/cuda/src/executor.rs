@@ -24,8 +24,9 @@ use crate::flash_attn::FaVariant;
 use crate::gemv::{gemv_fits, GemvMat, GemvX};
 use crate::gpu::{DBuf, Gpu};
 use crate::graphs::{DecodeGraph, GraphKey, Graphs};
+use crate::mla_decode::Early;
 use crate::nccl::NcclComm;
-use crate::ops::{AttnDims, Gemm, GemmType, KeyLists};
+use crate::ops::{AttnDims, Gemm, GemmType, KeyLists, KvFinish};
 use crate::step_inputs::{HostInputs, KeyListHost, KeyListSet, StepInputs};
 use crate::weights::{GFfn, GLayer, GLinear, GMat, GMlp, GWeights};
 use mlaserve_model::layers::{dsa::top_k, rope::Rope};
@@ -141,8 +142,20 @@ enum AttnOut {
 enum QIn {
     /// q_pe rotated; the bf16 copy W_UK reads where q_finish made one (else cast there).
     Rotated(Option<DBuf<u16>>),
-    /// q_pe not rotated yet: the fused W_UK launch rotates it with these cos/sin rows.
-    Unrotated { cos: u64, sin: u64 },
+    /// q_pe not rotated yet: the fused W_UK launch rotates it with these cos/sin rows, and
+    /// finishes and caches the latent rows too where `kv` is given (not done before).
+    Unrotated {
+        cos: u64,
+        sin: u64,
+        kv: Option<KvFinish>,
+    },
+}
+
+/// Whether a step that runs the fused W_UK launch finishes its latent rows there, not in a
+/// kv_finish launch of their own (`MLASERVE_FUSED_KV=0`: never, for comparisons).
+fn kv_finish_fused() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLASERVE_FUSED_KV").map_or(true, |v| v != "0"))
 }
 
 /// Most tokens on the fused absorbed projections (mla_absorb.cu): each (token, head) block
@@ -161,6 +174,16 @@ fn absorb_fused(d: &AttnDims) -> bool {
         && d.r % 2 == 0
         && d.l % 8 == 0
         && d.l <= 1024
+}
+
+/// Whether every one of the step's `t` tokens takes the absorbed path over `lists` and
+/// nothing else (no MHA rows, no flash tiles) and no probe asks for the f32 rows between.
+fn absorbed_alone(lists: &KeyListSet, t: usize) -> bool {
+    lists.max_mqa > 0
+        && (0..t).all(|i| lists.n_mqa_h[i] > 0)
+        && !lists.any_mha
+        && lists.n_flash_tiles == 0
+        && !probe::active()
 }
 
 /// [`linear`] over a matrix that is always bf16 (the absorbed W_UK / W_UV).
@@ -788,21 +811,40 @@ impl CudaExecutor {
             }
             None => None,
         };
-        // kv: RMSNorm(kv_c), RoPE(k_pe) and the cache write, one kernel.
-        let layer_cache = cache.latent.at(li * cache.slots() * lw);
-        gpu.kv_finish(
+        let dims = AttnDims {
             t,
-            kv.ptr(),
-            lw,
-            w.kv_a_norm.ptr(),
-            l,
+            heads: n,
+            p,
             r,
-            eps,
-            inp.cos.ptr(),
-            inp.sin.ptr(),
-            inp.slots.ptr(),
-            layer_cache,
-        )?;
+            v,
+            l,
+            scale: cfg.softmax_scale(),
+        };
+        let decode_only = batch.is_decode.iter().all(|&d| d);
+        // kv: RMSNorm(kv_c), RoPE(k_pe) and the cache write, one kernel — or, where the step
+        // takes the fused absorbed path over the dense key lists (no indexer) and no probe
+        // reads the rows before it, inside the fused W_UK launch (`kv_in_absorb`).
+        let layer_cache = cache.latent.at(li * cache.slots() * lw);
+        let kv_in_absorb = kv_finish_fused()
+            && decode_only
+            && layer.indexer.is_none()
+            && absorbed_alone(&inp.dense, t)
+            && absorb_fused(&dims);
+        if !kv_in_absorb {
+            gpu.kv_finish(
+                t,
+                kv.ptr(),
+                lw,
+                w.kv_a_norm.ptr(),
+                l,
+                r,
+                eps,
+                inp.cos.ptr(),
+                inp.sin.ptr(),
+                inp.slots.ptr(),
+                layer_cache,
+            )?;
+        }
         if probe::active() {
             self.probe_dev(
                 Some(li),
@@ -841,30 +883,29 @@ impl CudaExecutor {
             &per_layer
         };
         let bs = batch.block_size;
-        let dims = AttnDims {
-            t,
-            heads: n,
-            p,
-            r,
-            v,
-            l,
-            scale: cfg.softmax_scale(),
-        };
         // o_proj's input [T, N*V] bf16. A step of decode tokens only (no probe asking for the
         // f32 rows) takes the absorbed path alone, whose W_UV product writes it directly.
         let ob = gpu.alloc::<u16>(t * n * v)?;
         let dec: Vec<usize> = (0..t).filter(|&i| lists.n_mqa_h[i] > 0).collect();
-        let decode_only = batch.is_decode.iter().all(|&d| d);
-        let absorbed_only = lists.max_mqa > 0
-            && dec.len() == t
-            && !lists.any_mha
-            && lists.n_flash_tiles == 0
-            && !probe::active();
+        let absorbed_only = absorbed_alone(lists, t);
         // q_pe rotated in place: inside the fused W_UK launch where the step takes the absorbed
         // path alone, else by q_finish with the bf16 copy W_UK reads (decode steps) or rope.
         let (cos, sin) = (inp.cos.ptr(), inp.sin.ptr());
         let qin = if decode_only && absorbed_only && absorb_fused(&dims) {
-            QIn::Unrotated { cos, sin }
+            let kv = kv_in_absorb.then_some(KvFinish {
+                kv: kv.ptr(),
+                ks: lw,
+                w: w.kv_a_norm.ptr(),
+                eps,
+                slots: inp.slots.ptr(),
+                cache: layer_cache,
+            });
+            QIn::Unrotated { cos, sin, kv }
+        } else if kv_in_absorb {
+            return Err(CudaError::Invalid(format!(
+                "layer {li}: the latent rows were left to the fused W_UK launch, which this \
+                 step does not take"
+            )));
         } else if decode_only {
             let qb = gpu.alloc::<u16>(t * n * qk)?;
             gpu.q_finish(t, q.ptr(), n * qk, n, qk, p, r, cos, sin, qb.ptr())?;
@@ -1083,9 +1124,14 @@ impl CudaExecutor {
         let fused = absorb_fused(dims);
         let q_lat = gpu.alloc::<f32>(t * n * l)?;
         match *qin {
-            QIn::Unrotated { cos, sin } if fused => {
-                gpu.mla_q_absorb(dims, q, w.w_uk_t.w.ptr(), q_lat.ptr(), Some((cos, sin)))?
-            }
+            QIn::Unrotated { cos, sin, ref kv } if fused => gpu.mla_q_absorb(
+                dims,
+                q,
+                w.w_uk_t.w.ptr(),
+                q_lat.ptr(),
+                Some((cos, sin)),
+                kv.as_ref(),
+            )?,
             QIn::Unrotated { .. } => {
                 return Err(CudaError::Invalid(
                     "absorbed attention: q_pe not rotated on a step too large for the fused \
@@ -1094,7 +1140,7 @@ impl CudaExecutor {
                 ))
             }
             QIn::Rotated(_) if fused => {
-                gpu.mla_q_absorb(dims, q, w.w_uk_t.w.ptr(), q_lat.ptr(), None)?
+                gpu.mla_q_absorb(dims, q, w.w_uk_t.w.ptr(), q_lat.ptr(), None, None)?
             }
             QIn::Rotated(ref qb) => {
                 let owned;
@@ -1148,7 +1194,15 @@ impl CudaExecutor {
             part.ptr(),
             lse.ptr(),
             o_lat.as_ref().map_or(0, |o| o.ptr()),
-            fused, // mla_q_absorb just before: every input older than it
+            // mla_q_absorb just before: every input older than it, but the new rows where it
+            // finished them.
+            match qin {
+                QIn::Unrotated {
+                    kv: Some(ref f), ..
+                } if fused => Early::TileButNew(f.slots),
+                _ if fused => Early::Tile,
+                _ => Early::No,
+            },
         )?;
         let (ty, out, beta) = match out {
             AttnOut::F32 { ptr, beta } => (GemmType::Bf16, ptr, beta),

@@ -161,13 +161,37 @@ impl MlaVariant {
     }
 }
 
+/// What the wgmma decode kernel may read before its wait on the kernel just before it (a
+/// memory round trip off a small step's critical path); the other kernels read nothing early.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Early {
+    /// Nothing: any input may come from the kernel just before.
+    No,
+    /// Its first key tile: the key lists, block tables and cache rows were all written before
+    /// the kernel just before this one began (kv_finish, then mla_q_absorb, then the decode).
+    Tile,
+    /// Its first key tile but each token's new row, cache row `new_slots[t]` (the step's
+    /// slots [T] i64), which the kernel just before writes (mla_q_absorb with kv_finish fused)
+    /// and the decode copies after its wait. A token's key list holds no other token's new
+    /// row (a decode step's tokens are distinct sequences).
+    TileButNew(u64),
+}
+
+impl Early {
+    /// The kernel's `early` and `new_slots` arguments (MLA_PARAMS in mla_decode.cu).
+    fn args(self) -> (i32, u64) {
+        match self {
+            Early::No => (0, 0),
+            Early::Tile => (1, 0),
+            Early::TileButNew(slots) => (2, slots),
+        }
+    }
+}
+
 impl Gpu {
     /// [`Gpu::attn_mqa`] on tensor cores where L = 512 and R = 64 on sm_80 or newer (variant
     /// by head count), else on the CUDA-core kernel. Same arguments, same outputs. `early`:
-    /// the key lists, block tables and cache rows were all written before the kernel launched
-    /// just before this one began (true of the fused small-step path: kv_finish, then
-    /// mla_q_absorb, then the decode), so the wgmma kernel fetches its first key tile before
-    /// its wait on that kernel (a memory round trip off the step's critical path).
+    /// what the wgmma kernel may fetch before its wait ([`Early`]).
     #[allow(clippy::too_many_arguments)]
     pub fn attn_mqa_tc(
         &self,
@@ -183,7 +207,7 @@ impl Gpu {
         part: u64,
         lse: u64,
         o_lat: u64,
-        early: bool,
+        early: Early,
     ) -> Result<()> {
         let v = self.mqa_tc_variant(d.heads);
         if d.l != TC_L
@@ -246,7 +270,7 @@ impl Gpu {
         part: u64,
         lse: u64,
         o_lat: u64,
-        early: bool,
+        early: Early,
     ) -> Result<()> {
         if d.l != TC_L || d.r != TC_R {
             return Err(CudaError::Invalid(format!(
@@ -283,7 +307,7 @@ impl Gpu {
         let (bs, nh, p, ns) = (block_size as i32, d.heads as i32, d.p as i32, splits as i32);
         let scale_log2 = d.scale * std::f32::consts::LOG2_E;
         let (nk, so, sp) = (keys.n_keys, keys.sel_off, keys.sel_pos);
-        let early = early as i32;
+        let (early, new_slots) = early.args();
         self.launch(
             name,
             cfg,
@@ -303,7 +327,8 @@ impl Gpu {
                 p,
                 ns,
                 scale_log2,
-                early
+                early,
+                new_slots
             ],
         )?;
         if o_lat == 0 {

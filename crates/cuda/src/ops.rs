@@ -599,8 +599,9 @@ impl Gpu {
 
     /// The absorbed path's q side in one launch: q_lat [T, N, L] f32 = W_UK_T[h] ·
     /// bf16(q_nope) per head, w_uk_t [N, L, P] bf16, q [T, N*(P+R)] f32; with `rope` (cos,
-    /// sin [T, R/2]) q_pe is also rotated in place (interleaved pairs, as [`Gpu::rope`]).
-    /// P % 8 == 0, P <= 512.
+    /// sin [T, R/2]) q_pe is also rotated in place (interleaved pairs, as [`Gpu::rope`]), and
+    /// with `kv` as well the latent rows finished and cached in the same launch, exactly as
+    /// [`Gpu::kv_finish`] (same cos/sin, L and R). P % 8 == 0, P <= 512.
     #[allow(clippy::too_many_arguments)]
     pub fn mla_q_absorb(
         &self,
@@ -609,12 +610,18 @@ impl Gpu {
         w_uk_t: u64,
         q_lat: u64,
         rope: Option<(u64, u64)>,
+        kv: Option<&KvFinish>,
     ) -> Result<()> {
         if d.p % 8 != 0 || d.p > 512 || d.r % 2 != 0 {
             return Err(CudaError::Invalid(format!(
                 "mla_q_absorb needs qk_nope % 8 == 0, <= 512 and an even rope width, got {} / {}",
                 d.p, d.r
             )));
+        }
+        if kv.is_some() && rope.is_none() {
+            return Err(CudaError::Invalid(
+                "mla_q_absorb: the latent rows' kv_finish wants the step's RoPE tables".into(),
+            ));
         }
         let (nh, qk, p, r, l) = (
             d.heads as i32,
@@ -624,10 +631,42 @@ impl Gpu {
             d.l as i32,
         );
         let (cos, sin) = rope.unwrap_or((0, 0));
+        let none = KvFinish {
+            kv: 0,
+            ks: 0,
+            w: 0,
+            eps: 0.0,
+            slots: 0,
+            cache: 0,
+        };
+        let f = kv.unwrap_or(&none);
+        let t_kv = if kv.is_some() { d.t } else { 0 };
+        let (kvp, ks, kw, eps, slots, cache) = (f.kv, f.ks as i32, f.w, f.eps, f.slots, f.cache);
         self.launch(
             "mla_q_absorb",
-            Gpu::cfg(((d.t * d.heads) as u32, d.l.div_ceil(64) as u32, 1), 256),
-            &args![q, w_uk_t, q_lat, nh, qk, p, r, l, cos, sin],
+            Gpu::cfg(
+                ((t_kv + d.t * d.heads) as u32, d.l.div_ceil(64) as u32, 1),
+                256,
+            ),
+            &args![
+                q,
+                w_uk_t,
+                q_lat,
+                nh,
+                qk,
+                p,
+                r,
+                l,
+                cos,
+                sin,
+                kvp,
+                ks,
+                kw,
+                eps,
+                slots,
+                cache,
+                t_kv as i32
+            ],
         )
     }
 
@@ -752,6 +791,19 @@ pub struct RouteCfg {
     pub scale: f32,
     /// Shared-expert slices appended to every token's slots (ids E + j, weight 1).
     pub shared: usize,
+}
+
+/// [`Gpu::kv_finish`]'s arguments other than the token count, L, R and the RoPE tables, for
+/// [`Gpu::mla_q_absorb`] to finish the latent rows in its own launch: kv [T, L+R] f32 (row
+/// stride `ks`), the norm's weight `w` [L], `eps`, slots [T] i64 and the layer's cache.
+#[derive(Clone, Copy, Debug)]
+pub struct KvFinish {
+    pub kv: u64,
+    pub ks: usize,
+    pub w: u64,
+    pub eps: f32,
+    pub slots: u64,
+    pub cache: u64,
 }
 
 impl RouteCfg {

@@ -1073,11 +1073,14 @@ fn attention(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
 /// Plus the fallback of `attn_mqa_tc` to the CUDA-core kernel for another latent width, at
 /// attn_mqa's bound.
 fn attention_tc(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
-    use mlaserve_cuda::mla_decode::MlaVariant;
+    use mlaserve_cuda::mla_decode::{Early, MlaVariant};
     // (heads, query positions, splits, top-k, block size)
     type Case = (usize, &'static [usize], usize, Option<usize>, usize);
     let cases: &[Case] = &[
         (16, &[0, 63, 64, 300, 1000], 1, None, 16),
+        // The newest row in its split's first tile (V2-Lite's b1 at 513 keys: 9 splits).
+        (16, &[512], 9, None, 16),
+        (16, &[5, 40, 200], 8, None, 16),
         (8, &[0, 200, 777], 2, None, 16),
         (16, &[0, 129, 700, 2000], 4, None, 64),
         (20, &[0, 90, 333], 2, None, 16),
@@ -1147,12 +1150,28 @@ fn attention_tc(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             sel_off: so.ptr(),
             sel_pos: sp.ptr(),
         };
-        // W64 both ways: its first key tile fetched before the PDL wait (`early`) or after.
+        // The newest query's own row (in no other query's list: the others' positions are
+        // lower) NaN-poisoned in a second cache, rewritten by the kernel just before the
+        // decode, as mla_q_absorb writes a step's new rows: `Early::TileButNew` must copy it
+        // after its wait (the others' entries of new_slots are -1: nothing deferred).
+        let newest = (0..t).max_by_key(|&i| positions[i]).unwrap();
+        let new_slot = paged.slot(positions[newest]);
+        let mut stale = paged.cache.clone();
+        stale[new_slot * w..(new_slot + 1) * w].fill(0xffff);
+        let stale = gpu.upload(&stale).unwrap();
+        let new_row = gpu.upload(&rows[positions[newest]]).unwrap();
+        let one_slot = gpu.upload(&[new_slot as i64]).unwrap();
+        let mut new_slots = vec![-1i64; t];
+        new_slots[newest] = new_slot as i64;
+        let new_slots = gpu.upload(&new_slots).unwrap();
+        // W64 three ways: its first key tile fetched after the PDL wait, before it, and before
+        // it but for the new row; the other variants read nothing before their wait.
         let runs = MlaVariant::ALL.into_iter().flat_map(|v| {
-            let both = v == MlaVariant::W64;
-            [(v, false), (v, true)]
+            let all = v == MlaVariant::W64;
+            [Early::No, Early::Tile, Early::TileButNew(new_slots.ptr())]
                 .into_iter()
-                .take(if both { 2 } else { 1 })
+                .take(if all { 3 } else { 1 })
+                .map(move |e| (v, e))
         });
         for (v, early) in runs {
             if !v.runs_on(gpu.arch) {
@@ -1161,6 +1180,14 @@ fn attention_tc(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             let part = poisoned::<f32>(gpu, t * heads * splits * l);
             let lse = poisoned::<f32>(gpu, t * heads * splits);
             let o_lat = poisoned::<u16>(gpu, t * heads * l);
+            let cache = match early {
+                Early::TileButNew(_) => {
+                    gpu.cache_write_bf16(1, new_row.ptr(), w, one_slot.ptr(), stale.ptr(), w)
+                        .unwrap();
+                    &stale
+                }
+                _ => &cache,
+            };
             gpu.attn_mqa_tc_kernel(
                 v,
                 v.kernel(),
@@ -1187,7 +1214,11 @@ fn attention_tc(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 .collect();
             let name = format!(
                 "{v:?}{} T{t} N{heads} keys{:?} splits{splits} bs{bs}{}",
-                if early { " early" } else { "" },
+                match early {
+                    Early::No => "",
+                    Early::Tile => " early",
+                    Early::TileButNew(_) => " early-but-new",
+                },
                 n_keys,
                 topk.map(|k| format!(" topk{k}")).unwrap_or_default()
             );
@@ -1249,7 +1280,7 @@ fn attention_tc(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         part.ptr(),
         lse.ptr(),
         o_lat.ptr(),
-        false,
+        Early::No,
     )
     .unwrap();
     let got: Vec<f32> = gpu
@@ -1379,13 +1410,74 @@ fn absorb(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             }
         }
     }
-    for rope in [true, false] {
+    // kv_finish fused in (with the rotation): the latent rows and the cache, against
+    // kv_finish's own launch bit for bit (rows the kernels do not write stay poisoned in both).
+    let lw = l + r;
+    let kv0 = rng.vec(t * lw, 1.0);
+    let (gamma, slots) = (rng.vec(l, 1.0), [5i64, 0, 9]);
+    let (gd, sld) = (gpu.upload(&gamma).unwrap(), gpu.upload(&slots).unwrap());
+    let (kv_want, cache_want) = {
+        let (kvd, cached) = (gpu.upload(&kv0).unwrap(), poisoned::<u16>(gpu, 12 * lw));
+        let (ks, eps) = (lw, 1e-6);
+        let (c, sn) = (cd.ptr(), sd.ptr());
+        gpu.kv_finish(
+            t,
+            kvd.ptr(),
+            ks,
+            gd.ptr(),
+            l,
+            r,
+            eps,
+            c,
+            sn,
+            sld.ptr(),
+            cached.ptr(),
+        )
+        .unwrap();
+        (gpu.to_host(&kvd).unwrap(), gpu.to_host(&cached).unwrap())
+    };
+    for (rope, fuse_kv) in [(true, false), (false, false), (true, true)] {
         let qd = gpu.upload(&q).unwrap();
         let lat = poisoned::<f32>(gpu, t * n * l);
         let rp = rope.then(|| (cd.ptr(), sd.ptr()));
-        gpu.mla_q_absorb(&dims, qd.ptr(), wd.ptr(), lat.ptr(), rp)
-            .unwrap();
-        let shape = format!("T{t} N{n} P{p} R{r} L{l} rope {rope}");
+        let (kvd, cached) = (gpu.upload(&kv0).unwrap(), poisoned::<u16>(gpu, 12 * lw));
+        let kv = mlaserve_cuda::ops::KvFinish {
+            kv: kvd.ptr(),
+            ks: lw,
+            w: gd.ptr(),
+            eps: 1e-6,
+            slots: sld.ptr(),
+            cache: cached.ptr(),
+        };
+        gpu.mla_q_absorb(
+            &dims,
+            qd.ptr(),
+            wd.ptr(),
+            lat.ptr(),
+            rp,
+            fuse_kv.then_some(&kv),
+        )
+        .unwrap();
+        let shape = format!("T{t} N{n} P{p} R{r} L{l} rope {rope} kv_finish {fuse_kv}");
+        if fuse_kv {
+            let (gk, gc) = (gpu.to_host(&kvd).unwrap(), gpu.to_host(&cached).unwrap());
+            let bits = |a: &[f32], b: &[f32]| {
+                a.iter()
+                    .zip(b)
+                    .filter(|(x, y)| x.to_bits() != y.to_bits())
+                    .count()
+            };
+            let kv_mism = bits(&gk, &kv_want);
+            let c_mism = gc.iter().zip(&cache_want).filter(|(a, b)| a != b).count();
+            rep.check("mla_q_absorb kv", shape.clone(), "f32", kv_mism as f64, 0.0);
+            rep.check(
+                "mla_q_absorb cache",
+                shape.clone(),
+                "bf16",
+                c_mism as f64,
+                0.0,
+            );
+        }
         let got = gpu.to_host(&lat).unwrap();
         rep.check(
             "mla_q_absorb",

@@ -90,15 +90,52 @@ extern "C" __global__ void mla_q_absorb(float* q, const bf16* w_uk_t, float* q_l
     }
 }
 
+#define MQA_COMBINE_MAX_SPLITS 256
+
+// mla_combine_uv's LSE combine of one head (attn_mqa_combine's expressions in its order):
+// lse ls [ns], partials pt [ns][l] -> ol [l] bf16 in shared memory. Each split's factor
+// exp(lse - max) is computed once into shared memory (0 marks an empty split), the partials 8
+// splits at a time. Every thread of the block calls it; ol is complete after a barrier.
+__device__ void mla_combine_splits(const float* ls, const float* pt, int ns, int l, bf16* ol) {
+    __shared__ float fac[MQA_COMBINE_MAX_SPLITS];
+    __shared__ float inv_s;
+    if (threadIdx.x < 32) {
+        float mx = -INFINITY;
+        for (int s = 0; s < ns; s++) mx = fmaxf(mx, ls[s]);
+        for (int s = threadIdx.x; s < ns; s += 32)
+            fac[s] = ls[s] == -INFINITY ? 0.f : __expf(ls[s] - mx);
+        __syncwarp();
+        if (threadIdx.x == 0) {
+            float den = 0.f;
+            for (int s = 0; s < ns; s++) den += fac[s];
+            inv_s = den > 0.f ? 1.f / den : 0.f;
+        }
+    }
+    __syncthreads();
+    const float inv = inv_s;
+    for (int d = threadIdx.x; d < l; d += blockDim.x) {
+        float x = 0.f;
+        for (int s0 = 0; s0 < ns; s0 += 8) {
+            float pv[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) pv[u] = s0 + u < ns ? pt[(i64)(s0 + u) * l + d] : 0.f;
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (s0 + u < ns && fac[s0 + u] != 0.f) x += fac[s0 + u] * pv[u];
+        }
+        ol[d] = f2bf(x * inv);
+    }
+}
+
 // part [T, N, NS, L] f32 and lse [T, N, NS] of the split decode; w_uv [N, V, L] bf16.
 // o_lat = bf16(LSE combine), as attn_mqa_combine computes it (same expressions and order);
 // out[t, h*V + v] = W_UV[h][v, :] . o_lat: bf16 into out_b where non-null, else f32 into out_f
 // (= beta * out_f + product; beta 0 writes without reading).
 // grid (T * N, ceil(V / 16)), block 256: warp w's rows 2w, 2w + 1 of the block's 16 are loaded
 // into registers before the PDL wait, the block combines its head's o_lat into shared
-// memory, then each warp its two dots (lanes striding L by 8).
+// memory (at most 16 splits and L <= 512: every load of it at once), then each warp its two
+// dots (lanes striding L by 8).
 // L % 8 == 0, L <= 1024, NS <= MQA_COMBINE_MAX_SPLITS.
-#define MQA_COMBINE_MAX_SPLITS 256
 extern "C" __global__ void mla_combine_uv(const float* part, const float* lse, const bf16* w_uv,
                                           int ns, int l, int n_heads, int v, bf16* out_b,
                                           float* out_f, float beta) {
@@ -123,37 +160,45 @@ extern "C" __global__ void mla_combine_uv(const float* part, const float* lse, c
         }
     }
     MLA_PDL();
-    // attn_mqa_combine's expressions in its order; each split's factor exp(lse - max) computed
-    // once into shared memory (0 marks an empty split), the partials 8 splits at a time.
-    __shared__ float fac[MQA_COMBINE_MAX_SPLITS];
-    __shared__ float inv_s;
     const float* ls = lse + (i64)th * ns;
-    if (threadIdx.x < 32) {
-        float mx = -INFINITY;
-        for (int s = 0; s < ns; s++) mx = fmaxf(mx, ls[s]);
-        for (int s = threadIdx.x; s < ns; s += 32)
-            fac[s] = ls[s] == -INFINITY ? 0.f : __expf(ls[s] - mx);
-        __syncwarp();
-        if (threadIdx.x == 0) {
-            float den = 0.f;
-            for (int s = 0; s < ns; s++) den += fac[s];
-            inv_s = den > 0.f ? 1.f / den : 0.f;
-        }
-    }
-    __syncthreads();
-    const float inv = inv_s;
     const float* pt = part + (i64)th * ns * l;
-    for (int d = threadIdx.x; d < l; d += blockDim.x) {
-        float x = 0.f;
-        for (int s0 = 0; s0 < ns; s0 += 8) {
-            float pv[8];
+    if (ns <= 16 && l <= 2 * (int)blockDim.x) {
+        // A small step's combine (up to 16 splits, L <= 512): every load issued at once — the
+        // head's lse and the thread's two columns of every split's partial, one memory round
+        // trip — then each thread computes the factors itself, with mla_combine_splits'
+        // expressions in its order, so the same bits.
+        float lv[16], pv[2][16];
 #pragma unroll
-            for (int u = 0; u < 8; u++) pv[u] = s0 + u < ns ? pt[(i64)(s0 + u) * l + d] : 0.f;
+        for (int s = 0; s < 16; s++) lv[s] = s < ns ? ls[s] : -INFINITY;
 #pragma unroll
-            for (int u = 0; u < 8; u++)
-                if (s0 + u < ns && fac[s0 + u] != 0.f) x += fac[s0 + u] * pv[u];
+        for (int j = 0; j < 2; j++) {
+            const int d = threadIdx.x + j * blockDim.x;
+#pragma unroll
+            for (int s = 0; s < 16; s++) pv[j][s] = s < ns && d < l ? pt[(i64)s * l + d] : 0.f;
         }
-        ol[d] = f2bf(x * inv);
+        float mx = -INFINITY;
+#pragma unroll
+        for (int s = 0; s < 16; s++)
+            if (s < ns) mx = fmaxf(mx, lv[s]);
+        float fs[16], den = 0.f;
+#pragma unroll
+        for (int s = 0; s < 16; s++) {
+            fs[s] = s < ns && lv[s] != -INFINITY ? __expf(lv[s] - mx) : 0.f;
+            if (s < ns) den += fs[s];
+        }
+        const float inv = den > 0.f ? 1.f / den : 0.f;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int d = threadIdx.x + j * blockDim.x;
+            if (d >= l) break;
+            float x = 0.f;
+#pragma unroll
+            for (int s = 0; s < 16; s++)
+                if (s < ns && fs[s] != 0.f) x += fs[s] * pv[j][s];
+            ol[d] = f2bf(x * inv);
+        }
+    } else {
+        mla_combine_splits(ls, pt, ns, l, ol);
     }
     __syncthreads();
     if (ra >= v) return;

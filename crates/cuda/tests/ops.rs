@@ -1490,105 +1490,107 @@ fn absorb(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         let wq = if rope { &want_q } else { &q };
         rep.check("mla_q_absorb q", shape, "f32", rel_err(&gq, wq), 1e-6);
     }
-    // combine + W_UV
-    let ns = 5usize;
-    let part = rng.vec(t * n * ns * l, 1.0);
-    let mut lse = rng.vec(t * n * ns, 3.0);
-    lse[1] = f32::NEG_INFINITY; // an empty split
-    let w_uv = round_bf(&rng.vec(n * v * l, 0.1));
-    let (pd, ld, wvd) = (
-        gpu.upload(&part).unwrap(),
-        gpu.upload(&lse).unwrap(),
-        up(&w_uv),
-    );
-    let mut o_lat = vec![0f32; t * n * l];
-    for th in 0..t * n {
-        let ls = &lse[th * ns..(th + 1) * ns];
-        let mx = ls.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-        let e: Vec<f32> = ls
-            .iter()
-            .map(|&x| {
-                if x == f32::NEG_INFINITY {
-                    0.0
-                } else {
-                    (x - mx).exp()
-                }
-            })
-            .collect();
-        let den: f32 = e.iter().sum();
-        for d in 0..l {
-            let x: f32 = (0..ns).map(|s| e[s] * part[(th * ns + s) * l + d]).sum();
-            o_lat[th * l + d] = unbf(bf(x / den));
+    // combine + W_UV: 5 and 16 splits (all loads at once), 20 (the general path)
+    for ns in [5usize, 16, 20] {
+        let part = rng.vec(t * n * ns * l, 1.0);
+        let mut lse = rng.vec(t * n * ns, 3.0);
+        lse[1] = f32::NEG_INFINITY; // empty splits
+        lse[ns - 2] = f32::NEG_INFINITY;
+        let w_uv = round_bf(&rng.vec(n * v * l, 0.1));
+        let (pd, ld, wvd) = (
+            gpu.upload(&part).unwrap(),
+            gpu.upload(&lse).unwrap(),
+            up(&w_uv),
+        );
+        let mut o_lat = vec![0f32; t * n * l];
+        for th in 0..t * n {
+            let ls = &lse[th * ns..(th + 1) * ns];
+            let mx = ls.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let e: Vec<f32> = ls
+                .iter()
+                .map(|&x| {
+                    if x == f32::NEG_INFINITY {
+                        0.0
+                    } else {
+                        (x - mx).exp()
+                    }
+                })
+                .collect();
+            let den: f32 = e.iter().sum();
+            for d in 0..l {
+                let x: f32 = (0..ns).map(|s| e[s] * part[(th * ns + s) * l + d]).sum();
+                o_lat[th * l + d] = unbf(bf(x / den));
+            }
         }
-    }
-    let mut prod = vec![0f32; t * n * v];
-    for th in 0..t * n {
-        let h = th % n;
-        for row in 0..v {
-            let wr = &w_uv[(h * v + row) * l..(h * v + row + 1) * l];
-            let ol = &o_lat[th * l..(th + 1) * l];
-            let d: f64 = wr.iter().zip(ol).map(|(&a, &b)| a as f64 * b as f64).sum();
-            prod[th * v + row] = d as f32;
+        let mut prod = vec![0f32; t * n * v];
+        for th in 0..t * n {
+            let h = th % n;
+            for row in 0..v {
+                let wr = &w_uv[(h * v + row) * l..(h * v + row + 1) * l];
+                let ol = &o_lat[th * l..(th + 1) * l];
+                let d: f64 = wr.iter().zip(ol).map(|(&a, &b)| a as f64 * b as f64).sum();
+                prod[th * v + row] = d as f32;
+            }
         }
-    }
-    let shape = format!("T{t} N{n} splits {ns} L{l} V{v}");
-    for beta in [0.0f32, 0.5] {
-        let init = rng.vec(t * n * v, 1.0);
-        let od = if beta == 0.0 {
-            poisoned::<f32>(gpu, t * n * v)
-        } else {
-            gpu.upload(&init).unwrap()
-        };
+        let shape = format!("T{t} N{n} splits {ns} L{l} V{v}");
+        for beta in [0.0f32, 0.5] {
+            let init = rng.vec(t * n * v, 1.0);
+            let od = if beta == 0.0 {
+                poisoned::<f32>(gpu, t * n * v)
+            } else {
+                gpu.upload(&init).unwrap()
+            };
+            gpu.mla_combine_uv(
+                &dims,
+                pd.ptr(),
+                ld.ptr(),
+                ns,
+                wvd.ptr(),
+                od.ptr(),
+                false,
+                beta,
+            )
+            .unwrap();
+            let want: Vec<f32> = (0..t * n * v)
+                .map(|i| {
+                    if beta == 0.0 {
+                        prod[i]
+                    } else {
+                        beta * init[i] + prod[i]
+                    }
+                })
+                .collect();
+            let got = gpu.to_host(&od).unwrap();
+            let name = format!("{shape} beta {beta}");
+            rep.check(
+                "mla_combine_uv",
+                name,
+                "bf16>f32",
+                rel_err(&got, &want),
+                1e-4,
+            );
+        }
+        let ob = poisoned::<u16>(gpu, t * n * v);
         gpu.mla_combine_uv(
             &dims,
             pd.ptr(),
             ld.ptr(),
             ns,
             wvd.ptr(),
-            od.ptr(),
-            false,
-            beta,
+            ob.ptr(),
+            true,
+            0.0,
         )
         .unwrap();
-        let want: Vec<f32> = (0..t * n * v)
-            .map(|i| {
-                if beta == 0.0 {
-                    prod[i]
-                } else {
-                    beta * init[i] + prod[i]
-                }
-            })
-            .collect();
-        let got = gpu.to_host(&od).unwrap();
-        let name = format!("{shape} beta {beta}");
+        let got: Vec<f32> = gpu.to_host(&ob).unwrap().iter().map(|&b| unbf(b)).collect();
         rep.check(
             "mla_combine_uv",
-            name,
-            "bf16>f32",
-            rel_err(&got, &want),
-            1e-4,
+            shape,
+            "bf16>bf16",
+            rel_err(&got, &prod),
+            8e-3,
         );
     }
-    let ob = poisoned::<u16>(gpu, t * n * v);
-    gpu.mla_combine_uv(
-        &dims,
-        pd.ptr(),
-        ld.ptr(),
-        ns,
-        wvd.ptr(),
-        ob.ptr(),
-        true,
-        0.0,
-    )
-    .unwrap();
-    let got: Vec<f32> = gpu.to_host(&ob).unwrap().iter().map(|&b| unbf(b)).collect();
-    rep.check(
-        "mla_combine_uv",
-        shape,
-        "bf16>bf16",
-        rel_err(&got, &prod),
-        8e-3,
-    );
 }
 
 /// The routing part of a MoE config for the routing tests (one shared expert, intermediate 8,

@@ -13,7 +13,8 @@
 // block 256: two rows a warp, both rows' loads in flight together.
 // A warp's two weight rows and the first four K steps of both, loaded before the wait on the
 // previous grid (weights are never written by a kernel): after the wait only x is fetched
-// before the first products, one memory round trip fewer on the step's critical path.
+// before the first products, one memory round trip fewer on the step's critical path. So is
+// the norm's gamma where K <= 2,048 (8 registers a thread: gemv_gamma).
 struct GemvRows {
     const bf16* w[2];
     float* out[2];
@@ -47,10 +48,22 @@ __device__ __forceinline__ void gemv_rows(GemvRows& g, const bf16* w0, int r0, f
     }
 }
 
+// The norm's gamma for a thread's 8 elements i = threadIdx.x + 256 u, read before the wait
+// where K <= 2,048 (one pass of the norm's loop: gemv_bf16_body).
+__device__ __forceinline__ void gemv_gamma(float* gv, const float* gamma, int k) {
+    if (!gamma || k > 8 * (int)blockDim.x) return;
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        const int i = threadIdx.x + u * blockDim.x;
+        gv[u] = i < k ? gamma[i] : 0.f;
+    }
+}
+
 template <int MT>
 __device__ __forceinline__ void gemv_bf16_body(const GemvRows& g, const float* xf,
                                                const float* gamma, float eps, const bf16* xb,
-                                               int k, int m, int rows, int acc, bf16* hnb) {
+                                               int k, int m, int rows, int acc, bf16* hnb,
+                                               const float* gpre) {
     extern __shared__ __align__(16) unsigned char gemv_smem[];
     bf16* xs = (bf16*)gemv_smem;
     __shared__ float red[32];
@@ -67,7 +80,7 @@ __device__ __forceinline__ void gemv_bf16_body(const GemvRows& g, const float* x
                 for (int u = 0; u < 8; u++) {
                     const int i = i0 + u * nt;
                     xv[u] = i < k ? xr[i] : 0.f;
-                    gv[u] = i < k ? gamma[i] : 0.f;
+                    gv[u] = k <= 8 * nt ? gpre[u] : i < k ? gamma[i] : 0.f;
                 }
 #pragma unroll
                 for (int u = 0; u < 8; u++) {
@@ -166,8 +179,10 @@ __device__ __forceinline__ void gemv_prefetch(const bf16* w0, int r0, const bf16
         gemv_prefetch(w0, r0, w1, r1, k, prefetch);                                            \
         GemvRows g;                                                                            \
         gemv_rows(g, w0, r0, out0, ld0, w1, r1, out1, ld1, k);                                 \
+        float gv[8];                                                                           \
+        gemv_gamma(gv, gamma, k);                                                              \
         MLA_PDL();                                                                             \
-        gemv_bf16_body<MT>(g, xf, gamma, eps, xb, k, m, r0 + r1, acc, hnb);                    \
+        gemv_bf16_body<MT>(g, xf, gamma, eps, xb, k, m, r0 + r1, acc, hnb, gv);                \
     }
 GEMV_BF16(1)
 GEMV_BF16(2)

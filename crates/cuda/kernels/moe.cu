@@ -445,6 +445,20 @@ __device__ __forceinline__ float warp_row_dot(const bf16* w, const bf16* x, int 
 }
 
 // The expert of pair p as a pointer, or null where it is not held here (or has no pointer).
+// The expert pointer table copied into shared memory tab [held] before the wait on the
+// previous grid (weights: never written by a kernel), where the host asks (`on`) and it fits
+// (held <= MOE_TAB_MAX): pair_expert's lookup after the wait then reads shared memory, one
+// memory round trip fewer between the routing's ids and the first weight rows. Returns the
+// table to look up in (tab, else w_ptrs); a barrier after the wait makes tab visible.
+#define MOE_TAB_MAX 128
+__device__ __forceinline__ const unsigned long long* stage_table(const unsigned long long* w_ptrs,
+                                                                 int held, int on,
+                                                                 unsigned long long* tab) {
+    if (!on || held > MOE_TAB_MAX) return w_ptrs;
+    for (int i = threadIdx.x; i < held; i += blockDim.x) tab[i] = w_ptrs[i];
+    return tab;
+}
+
 __device__ __forceinline__ const bf16* pair_expert(const unsigned long long* w_ptrs, int first,
                                                    int held, const int* ids, int p) {
     int ex = ids[p] - first;
@@ -533,7 +547,7 @@ __device__ __forceinline__ void warp_2rows_dot_from(uint4 (&a)[4], uint4 (&b)[4]
 extern "C" __global__ void moe_gemv_swiglu(const unsigned long long* w_ptrs, int first,
                                            int held, const int* ids, const bf16* x, int x_div,
                                            int n, int f, int e_routed, int fs, int k_routed,
-                                           bf16* act) {
+                                           bf16* act, int tab_on) {
     MLA_WEIGHTS_FIRST();  // the slices' pointers and weights are read before the wait
     const int lane = threadIdx.x & 31, i = blockIdx.x * 8 + (threadIdx.x >> 5);
     const int ns = x_div - k_routed, tokens = gridDim.y / x_div, y = blockIdx.y;
@@ -553,9 +567,12 @@ extern "C" __global__ void moe_gemv_swiglu(const unsigned long long* w_ptrs, int
         we = ex >= 0 && ex < held ? (const bf16*)w_ptrs[ex] : nullptr;
         if (we) load_2rows4(a, b, we + (i64)i * n, we + (i64)(fs + i) * n, lane * 8, n);
     }
+    __shared__ unsigned long long tab_s[MOE_TAB_MAX];
+    const unsigned long long* tab = stage_table(w_ptrs, held, tab_on, tab_s);
     MLA_PDL();
+    if (tab != w_ptrs) __syncthreads();
     if (i >= f) return;
-    const bf16* w = pair_expert(w_ptrs, first, held, ids, p);
+    const bf16* w = pair_expert(tab, first, held, ids, p);
     float g = 0.f, u = 0.f;
     if (w) {
         const int up = ids[p] >= e_routed ? fs : f;
@@ -615,10 +632,14 @@ __device__ __forceinline__ void gemv_combine_body(const unsigned long long* w_pt
     extern "C" __global__ void NAME(const unsigned long long* w_ptrs, int first, int held,     \
                                     const int* ids, const bf16* act, const float* wts,         \
                                     int t_count, int k, int n, int rows, int e_routed, int fs, \
-                                    float* x) {                                                \
+                                    float* x, int tab_on) {                                    \
+        MLA_WEIGHTS_FIRST();                                                                   \
+        __shared__ unsigned long long tab_s[MOE_TAB_MAX];                                      \
+        const unsigned long long* tab = stage_table(w_ptrs, held, tab_on, tab_s);              \
         MLA_PDL();                                                                             \
-        gemv_combine_body<RG>(w_ptrs, first, held, ids, act, wts, t_count, k, n, rows,         \
-                              e_routed, fs, x);                                                \
+        if (tab != w_ptrs) __syncthreads();                                                    \
+        gemv_combine_body<RG>(tab, first, held, ids, act, wts, t_count, k, n, rows, e_routed,  \
+                              fs, x);                                                          \
     }
 MOE_GEMV_COMBINE(moe_gemv_combine, 4)
 MOE_GEMV_COMBINE(moe_gemv_combine_r8, 8)

@@ -806,6 +806,14 @@ pub struct KvFinish {
     pub cache: u64,
 }
 
+/// Whether the fused expert kernels (`moe_gemv_swiglu`, `moe_gemv_combine`) copy the expert
+/// pointer table into shared memory before their wait (moe.cu's `stage_table`; 1 or 0 as the
+/// kernels take it). `MLASERVE_MOE_TABLE=0`: never, for comparisons.
+fn moe_table() -> i32 {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLASERVE_MOE_TABLE").map_or(true, |v| v != "0")) as i32
+}
+
 impl RouteCfg {
     /// The routing kernels' arguments (E, K, shared slices, gating, groups, top groups, norm,
     /// scale), or an error naming what their shared arrays cannot hold.
@@ -1043,7 +1051,21 @@ impl Gpu {
         self.launch(
             "moe_gemv_swiglu",
             Gpu::cfg((f.div_ceil(8) as u32, pairs as u32, 1), 256),
-            &args![w_ptrs, fi, hd, ids, x, xd, n32, f32_, er, fs, kr, act],
+            &args![
+                w_ptrs,
+                fi,
+                hd,
+                ids,
+                x,
+                xd,
+                n32,
+                f32_,
+                er,
+                fs,
+                kr,
+                act,
+                moe_table()
+            ],
         )
     }
 
@@ -1087,7 +1109,22 @@ impl Gpu {
         self.launch(
             name,
             Gpu::cfg((rows.div_ceil(rg) as u32, 1, 1), 256),
-            &args![w_ptrs, fi, hd, ids, act, w, t32, k32, n32, r32, er, fs, x],
+            &args![
+                w_ptrs,
+                fi,
+                hd,
+                ids,
+                act,
+                w,
+                t32,
+                k32,
+                n32,
+                r32,
+                er,
+                fs,
+                x,
+                moe_table()
+            ],
         )
     }
 

@@ -314,9 +314,10 @@ extern "C" __global__ void moe_norm_route(const float* x, const float* gamma, fl
 }
 
 // moe_norm_route over a thread-block cluster (sm_90): the same norm (hnb's rows bit-identical
-// to rms_norm's, written by the cluster's block 0) and the same routing (route_row_warp), but
-// each logit is one warp's dot (a warp sum, not a block sum) and the logits reach the block
-// that routes through distributed shared memory: no global ticket, no fence and no second trip
+// to rms_norm's, written by the cluster's block 0) and the same routing rules
+// (route_row_warp), but each logit is one warp's dot (a warp sum, not a block sum: logits
+// equal to rounding, so near-ties may route otherwise) and the logits reach the block that
+// routes through distributed shared memory: no global ticket, no fence and no second trip
 // through L2 between the last logit and the routing (moe_norm_route's critical path).
 // grid (C, T), cluster (C, 1, 1), block 256: block r of token t takes logits
 // [r*E/C, (r+1)*E/C), its warp w those of them with index w mod 8. Where that is one logit a

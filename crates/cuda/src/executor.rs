@@ -822,11 +822,14 @@ impl CudaExecutor {
         };
         let decode_only = batch.is_decode.iter().all(|&d| d);
         // kv: RMSNorm(kv_c), RoPE(k_pe) and the cache write, one kernel — or, where the step
-        // takes the fused absorbed path over the dense key lists (no indexer) and no probe
-        // reads the rows before it, inside the fused W_UK launch (`kv_in_absorb`).
+        // takes the fused absorbed path over the dense key lists (no indexer), no probe reads
+        // the rows before it and every sequence brings one token (the decode then defers only
+        // each token's own new row: Early::TileButNew; a forced-MQA prefill chunk would have
+        // others in its lists), inside the fused W_UK launch (`kv_in_absorb`).
         let layer_cache = cache.latent.at(li * cache.slots() * lw);
         let kv_in_absorb = kv_finish_fused()
             && decode_only
+            && batch.seqs.iter().all(|s| s.tokens.len() == 1)
             && layer.indexer.is_none()
             && absorbed_alone(&inp.dense, t)
             && absorb_fused(&dims);

@@ -112,6 +112,8 @@ pub struct Gpu {
     pub sm_count: usize,
     /// Kernels whose dynamic shared-memory limit was already raised (once per kernel).
     smem_raised: std::sync::Mutex<std::collections::HashSet<&'static str>>,
+    /// Whether a kernel's clusters of a size can be scheduled here ([`Gpu::clusters_fit`]).
+    clusters_ok: std::sync::Mutex<HashMap<(&'static str, u32), bool>>,
     /// While profiling ([`Gpu::prof_begin`]): an event recorded after every kernel and GEMM,
     /// with its label.
     prof: std::sync::Mutex<Option<Vec<(String, cudarc::driver::CudaEvent)>>>,
@@ -240,6 +242,7 @@ impl Gpu {
             max_smem_per_block,
             sm_count,
             smem_raised: std::sync::Mutex::new(std::collections::HashSet::new()),
+            clusters_ok: std::sync::Mutex::new(HashMap::new()),
             prof: std::sync::Mutex::new(None),
             dequant_scratch: std::sync::OnceLock::new(),
             pdl,
@@ -610,6 +613,51 @@ impl Gpu {
             )));
         }
         self.launch_in(name, cfg, cluster, args)
+    }
+
+    /// Whether kernel `name` can run in clusters of `cluster` blocks of `block` threads here:
+    /// sm_90+ and at least one such cluster schedulable at once (`cuOccupancyMaxActiveClusters`;
+    /// a MIG or MPS partition may allow none). Asked once per (kernel, size).
+    pub fn clusters_fit(&self, name: &'static str, cluster: u32, block: u32) -> bool {
+        if !self.has_clusters() || cluster == 0 {
+            return false;
+        }
+        let mut known = self.clusters_ok.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&ok) = known.get(&(name, cluster)) {
+            return ok;
+        }
+        let ok = self.func(name).is_ok_and(|f| {
+            use cudarc::driver::sys as cu;
+            // SAFETY: a zeroed attribute and launch config filled in below, read by the
+            // call that follows; `f` is a loaded function of this context, bound first.
+            unsafe {
+                let mut attr: cu::CUlaunchAttribute = std::mem::zeroed();
+                attr.id = cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+                attr.value.clusterDim.x = cluster;
+                attr.value.clusterDim.y = 1;
+                attr.value.clusterDim.z = 1;
+                let mut lc: cu::CUlaunchConfig = std::mem::zeroed();
+                (lc.gridDimX, lc.gridDimY, lc.gridDimZ) = (cluster, 1, 1);
+                (lc.blockDimX, lc.blockDimY, lc.blockDimZ) = (block, 1, 1);
+                lc.hStream = self.stream.cu_stream();
+                lc.attrs = &mut attr;
+                lc.numAttrs = 1;
+                let mut n = 0i32;
+                self.ctx.bind_to_thread().is_ok()
+                    && cu::cuOccupancyMaxActiveClusters(&mut n, f.cu_function(), &lc)
+                        .result()
+                        .is_ok()
+                    && n > 0
+            }
+        });
+        if !ok {
+            tracing::warn!(
+                "cuda:{}: {name} cannot run in clusters of {cluster} here",
+                self.ordinal
+            );
+        }
+        known.insert((name, cluster), ok);
+        ok
     }
 
     /// Whether this GPU launches thread-block clusters (compute capability 9.0 and newer).

@@ -172,8 +172,9 @@ pub enum Early {
     Tile,
     /// Its first key tile but each token's new row, cache row `new_slots[t]` (the step's
     /// slots [T] i64), which the kernel just before writes (mla_q_absorb with kv_finish fused)
-    /// and the decode copies after its wait. A token's key list holds no other token's new
-    /// row (a decode step's tokens are distinct sequences).
+    /// and the decode copies after its wait. Only for steps whose key lists hold no other
+    /// token's new row: one token a sequence (the executor's `kv_in_absorb`), sequences
+    /// sharing only full cache blocks (prefix caching shares whole blocks before the last).
     TileButNew(u64),
 }
 

@@ -902,10 +902,10 @@ impl Gpu {
     }
 
     /// Whether `moe_norm_route_cl` takes this routing in clusters of `cluster` blocks (its
-    /// bounds, moe.cu).
+    /// bounds, moe.cu, and clusters of that size schedulable on this GPU).
     pub fn route_cluster_fits(&self, c: &RouteCfg, h: usize, cluster: usize) -> bool {
-        self.has_clusters()
-            && (1..=8).contains(&cluster)
+        (1..=8).contains(&cluster)
+            && self.clusters_fit("moe_norm_route_cl", cluster as u32, 256)
             && c.experts % cluster == 0
             && c.experts <= 256
             && c.top_k <= 32

@@ -1591,6 +1591,49 @@ fn absorb(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             8e-3,
         );
     }
+    // The small-split path (16 splits) against the general one (the same 16 and a 17th,
+    // empty: lse -inf, which neither the max, the sum nor the partial sum changes): the same
+    // bits, as mla_combine_uv's comment says.
+    let ns = 16usize;
+    let part = rng.vec(t * n * ns * l, 1.0);
+    let lse = rng.vec(t * n * ns, 3.0);
+    let w_uv = up(&round_bf(&rng.vec(n * v * l, 0.1)));
+    let (mut part17, mut lse17) = (Vec::new(), Vec::new());
+    for th in 0..t * n {
+        part17.extend_from_slice(&part[th * ns * l..(th + 1) * ns * l]);
+        part17.extend(rng.vec(l, 1.0));
+        lse17.extend_from_slice(&lse[th * ns..(th + 1) * ns]);
+        lse17.push(f32::NEG_INFINITY);
+    }
+    let mut outs = Vec::new();
+    for (p_, l_, s_) in [(&part, &lse, ns), (&part17, &lse17, ns + 1)] {
+        let (pd, ld) = (gpu.upload(p_).unwrap(), gpu.upload(l_).unwrap());
+        let od = poisoned::<f32>(gpu, t * n * v);
+        gpu.mla_combine_uv(
+            &dims,
+            pd.ptr(),
+            ld.ptr(),
+            s_,
+            w_uv.ptr(),
+            od.ptr(),
+            false,
+            0.0,
+        )
+        .unwrap();
+        outs.push(gpu.to_host(&od).unwrap());
+    }
+    let bits = outs[0]
+        .iter()
+        .zip(&outs[1])
+        .filter(|(a, b)| a.to_bits() != b.to_bits());
+    let shape = format!("T{t} N{n} splits 16 vs 16 + an empty one L{l} V{v}");
+    rep.check(
+        "mla_combine_uv paths",
+        shape,
+        "f32",
+        bits.count() as f64,
+        0.0,
+    );
 }
 
 /// The routing part of a MoE config for the routing tests (one shared expert, intermediate 8,
@@ -1699,9 +1742,15 @@ fn moe_norm_route(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         // The ticket kernel, then the cluster kernel where it takes the shape (every shape
         // here on sm_90), each twice (the tickets reset, the kernel runs again).
         let kernels = [None, Some(8u32)];
+        let cluster_fits = gpu.route_cluster_fits(&rc, h, 8);
+        if gpu.has_clusters() {
+            // On sm_90 every shape here runs the cluster kernel: its coverage is not optional.
+            let miss = if cluster_fits { 0.0 } else { 1.0 };
+            rep.check("moe_norm_route cluster", name.clone(), "-", miss, 0.0);
+        }
         let runs = kernels
             .iter()
-            .filter(|c| c.is_none_or(|c| gpu.route_cluster_fits(&rc, h, c as usize)))
+            .filter(|c| c.is_none() || cluster_fits)
             .flat_map(|&c| [(c, 0), (c, 1)]);
         for (cluster, run) in runs {
             let hnb = poisoned::<u16>(gpu, t * h);

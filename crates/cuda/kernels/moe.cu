@@ -208,6 +208,23 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, int
               scale, ids + (i64)blockIdx.x * ko, weights + (i64)blockIdx.x * ko);
 }
 
+// The one-pass norm of moe_norm_route and moe_norm_route_cl (h <= 8 * blockDim.x), after
+// their wait: x row xr's 8 elements i = threadIdx.x + blockDim.x u of a thread into xv, and
+// 1 / RMS with rms_inv_8's sums (so the normalized rows are bit-identical to rms_norm's).
+__device__ __forceinline__ float rms_inv_regs(const float* xr, int h, float eps, float* red,
+                                              float* xv) {
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        const int i = threadIdx.x + u * blockDim.x;
+        xv[u] = i < h ? xr[i] : 0.f;
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int u = 0; u < 8; u++) ss += xv[u] * xv[u];
+    ss = block_sum(ss, red);
+    return rsqrtf(ss / h + eps);
+}
+
 // moe_norm_route's step over a thread's 8 elements i0 + u * nt (< h): v = x * inv * gamma,
 // stored as bf16 in hrow where `store`, dot + sum of v * router, in u order.
 __device__ __forceinline__ float norm_dot_8(const float* xv, const float* gv, const float* wv,
@@ -257,16 +274,7 @@ extern "C" __global__ void moe_norm_route(const float* x, const float* gamma, fl
             wv[u] = i < h ? wr[i] : 0.f;
         }
         MLA_PDL();
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-            const int i = threadIdx.x + u * nt;
-            xv[u] = i < h ? xr[i] : 0.f;
-        }
-        float ss = 0.f;
-#pragma unroll
-        for (int u = 0; u < 8; u++) ss += xv[u] * xv[u];
-        ss = block_sum(ss, red);
-        const float inv = rsqrtf(ss / h + eps);
+        const float inv = rms_inv_regs(xr, h, eps, red, xv);
         dot = norm_dot_8(xv, gv, wv, inv, threadIdx.x, nt, h, j == 0, hnb + (i64)t * h, dot);
     } else {
         MLA_PDL();
@@ -363,16 +371,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_norm_route_cl(
             gv[u] = i < h ? gamma[i] : 0.f;
         }
         MLA_PDL();
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-            const int i = threadIdx.x + u * nt;
-            xv[u] = i < h ? xr[i] : 0.f;
-        }
-        float ss = 0.f;
-#pragma unroll
-        for (int u = 0; u < 8; u++) ss += xv[u] * xv[u];
-        ss = block_sum(ss, red);
-        const float inv = rsqrtf(ss / h + eps);
+        const float inv = rms_inv_regs(xr, h, eps, red, xv);
 #pragma unroll
         for (int u = 0; u < 8; u++) {
             const int i = threadIdx.x + u * nt;

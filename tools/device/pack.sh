@@ -9,6 +9,9 @@
 #     && cargo build --release -p mlaserve-model --example synth_model \
 #     && cargo test --release -p mlaserve-cuda --no-run
 #   tools/device/pack.sh [OLD_MLASERVE]    # OLD_MLASERVE: a baseline binary, as mlaserve_old
+#   OLD_PROFILE=path tools/device/pack.sh  # a baseline decode_profile, as decode_profile_old
+#                                          # (replays of two builds in one run); LABS=0 leaves
+#                                          # out the qgemv and grid_barrier labs to make room
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 pkg=$(mktemp -d)
@@ -16,8 +19,10 @@ for b in ops e2e graphs; do
     f=$(ls -t target/release/deps/$b-* | grep -v '\.d$' | head -1)
     cp "$f" "$pkg/$b"
 done
-cp target/release/mlaserve target/release/examples/{decode_profile,qgemv,synth_model,grid_barrier} "$pkg/"
+cp target/release/mlaserve target/release/examples/{decode_profile,synth_model} "$pkg/"
+if [ "${LABS:-1}" != 0 ]; then cp target/release/examples/{qgemv,grid_barrier} "$pkg/"; fi
 if [ $# -ge 1 ]; then cp "$1" "$pkg/mlaserve_old"; fi
+if [ -n "${OLD_PROFILE:-}" ]; then cp "$OLD_PROFILE" "$pkg/decode_profile_old"; fi
 strip "$pkg"/*
 mkdir -p .device/pkg
 (cd "$pkg" && XZ_OPT=-9e tar -cJf "$OLDPWD/.device/pkg/bins.tar.xz" ./*)

@@ -444,7 +444,6 @@ __device__ __forceinline__ float warp_row_dot(const bf16* w, const bf16* x, int 
     return warp_sum(acc);
 }
 
-// The expert of pair p as a pointer, or null where it is not held here (or has no pointer).
 // The expert pointer table copied into shared memory tab [held] before the wait on the
 // previous grid (weights: never written by a kernel), where the host asks (`on`) and it fits
 // (held <= MOE_TAB_MAX): pair_expert's lookup after the wait then reads shared memory, one
@@ -459,6 +458,7 @@ __device__ __forceinline__ const unsigned long long* stage_table(const unsigned 
     return tab;
 }
 
+// The expert of pair p as a pointer, or null where it is not held here (or has no pointer).
 __device__ __forceinline__ const bf16* pair_expert(const unsigned long long* w_ptrs, int first,
                                                    int held, const int* ids, int p) {
     int ex = ids[p] - first;

@@ -631,17 +631,11 @@ impl Gpu {
             d.l as i32,
         );
         let (cos, sin) = rope.unwrap_or((0, 0));
-        let none = KvFinish {
-            kv: 0,
-            ks: 0,
-            w: 0,
-            eps: 0.0,
-            slots: 0,
-            cache: 0,
+        // t_kv = 0: the kernel reads none of kv_finish's arguments.
+        let (t_kv, kvp, ks, kw, eps, slots, cache) = match kv {
+            Some(f) => (d.t, f.kv, f.ks as i32, f.w, f.eps, f.slots, f.cache),
+            None => (0, 0, 0, 0, 0.0, 0, 0),
         };
-        let f = kv.unwrap_or(&none);
-        let t_kv = if kv.is_some() { d.t } else { 0 };
-        let (kvp, ks, kw, eps, slots, cache) = (f.kv, f.ks as i32, f.w, f.eps, f.slots, f.cache);
         self.launch(
             "mla_q_absorb",
             Gpu::cfg(
@@ -898,7 +892,7 @@ impl Gpu {
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let on =
             *ON.get_or_init(|| std::env::var("MLASERVE_CLUSTER_ROUTE").map_or(true, |v| v != "0"));
-        (on && self.route_cluster_fits(c, h, 8) && c.experts * h <= 262_144).then_some(8)
+        (on && c.experts * h <= 262_144 && self.route_cluster_fits(c, h, 8)).then_some(8)
     }
 
     /// Whether `moe_norm_route_cl` takes this routing in clusters of `cluster` blocks (its

@@ -17,7 +17,10 @@ typedef long long i64;
 // The one exception: a kernel may read weights (never written by any kernel, so no ordering
 // with the previous grid exists for them) before its MLA_PDL(), e.g. to prefetch them into L2
 // while the previous kernel finishes. It starts with the marker MLA_WEIGHTS_FIRST(); instead,
-// and the kernels.rs test then wants MLA_PDL(); in its body. One more read is allowed there,
+// and the kernels.rs test then wants MLA_PDL(); in its body, or in the device function it
+// runs before that function's first read of anything a kernel writes (qgemv.cu's qmv_t: the
+// pairs wait before reading the routing's ids, dense after requesting its first weight steps
+// and before reading x). One more read is allowed there,
 // only where the host says so (mla_decode_w64's `early`): inputs written before the previous
 // kernel began. A kernel starts only once every block of the one before it has passed that
 // kernel's own MLA_PDL(), i.e. once the kernel before that has completed.

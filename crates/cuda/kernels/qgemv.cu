@@ -188,7 +188,9 @@ struct QmvStep {
 // loaded serves all nv vectors. Persistent: block 256 (8 warps), grid.x at most the CTAs
 // resident at once. A warp walks row groups of R rows, in each every K step, with the weights
 // of the next DEPTH steps in flight while it computes one (across row groups too), the
-// first ones requested before x is quantized. A lane's share of a step is NQ 16-byte words of
+// first ones requested before x is quantized and, dense, before the wait on the previous
+// grid (weights are never written by a kernel; a pair's matrix comes from the routing's ids,
+// so the pairs wait first). A lane's share of a step is NQ 16-byte words of
 // quants a row:
 // - Q8_0: 16 * NQ quants (one scale), 512 * NQ a warp;
 // - Q4_K: NQ = 1, a quarter of the nibbles of sub-blocks 2h, 2h + 1 (8 lanes a super-block,
@@ -214,6 +216,7 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     int xr = x_div, orow = 0, nv = min(m, MT);
     const unsigned char* w = (const unsigned char*)w0;
     if (ids != nullptr) {
+        MLA_PDL();  // the routing's ids pick the matrix
         const int p = blockIdx.y, ex = ids[p] - first;
         xr = p / x_div;
         orow = p;
@@ -222,6 +225,7 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     }
     const int groups = (rows + R - 1) / R;
     if (w == nullptr) {
+        if (ids == nullptr) MLA_PDL();  // dense without a matrix (w0 = 0): zeros, after the wait
         for (int g = gw; g < groups; g += nw)
             if (lane < R && g * R + lane < rows) out[(i64)orow * rows + g * R + lane] = 0.f;
         return;
@@ -288,6 +292,7 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
         grp[d] = lg;
         load(pre[d]);
     }
+    if (ids == nullptr) MLA_PDL();  // dense: the first steps were requested before the wait
     for (int v = 0; v < nv; v++) {
         const bf16* xrow = x + (i64)(xr + v) * k;
         for (int b = threadIdx.x; b < nb; b += blockDim.x)
@@ -410,7 +415,7 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
                                      int first, int held, const int* ids, const bf16* x,       \
                                      int x_div, int rows, int k, int m, int accumulate,        \
                                      float* out) {                                             \
-        MLA_PDL();                                                                             \
+        MLA_WEIGHTS_FIRST(); /* qmv_t waits: dense after its first loads, pairs first */       \
         qmv_t<TY, R, MT, DEPTH, NQ>(w_ptrs, w0, first, held, ids, x, x_div, rows, k, m,        \
                                     accumulate, out);                                          \
     }

@@ -240,7 +240,8 @@ mod tests {
     /// Every kernel's body starts with `MLA_PDL();`: launched with programmatic stream
     /// serialization (sm_90+), a kernel that touched memory before waiting for the previous
     /// grid would race with it. The exception (common.cuh): `MLA_WEIGHTS_FIRST();` first, for
-    /// a kernel that reads only weights before its `MLA_PDL();`.
+    /// a kernel that reads only weights before its `MLA_PDL();`, which is in its body or in
+    /// the device function it runs, ahead of that function's first read of kernel output.
     #[test]
     fn every_kernel_waits_for_the_previous_grid_first() {
         let mut n = 0;
@@ -248,8 +249,29 @@ mod tests {
             let body = &SOURCE[i..][SOURCE[i..].find('{').unwrap() + 1..];
             let first = body.trim_start_matches(|c: char| c.is_whitespace() || c == '\\');
             let end = body.find("\n}").unwrap_or(body.len());
-            let weights_first =
-                first.starts_with("MLA_WEIGHTS_FIRST();") && body[..end].contains("MLA_PDL();");
+            // A kernel that reads weights first waits in its body, or in the device function
+            // it runs (qgemv.cu's qmv_t): there a wait precedes the routing's ids (pairs) and
+            // another the first read of x (dense).
+            let waits_inside = |f: &str| {
+                let Some(at) = SOURCE.find(&format!("void {f}(")) else {
+                    return false;
+                };
+                let src = SOURCE[at..].split("\n}\n").next().unwrap_or("");
+                // a wait between `from` and the first `to` after it
+                let waits = |from: &str, to: &str| {
+                    let Some(a) = src.find(from) else {
+                        return false;
+                    };
+                    src[a..]
+                        .find(to)
+                        .is_some_and(|b| src[a..a + b].contains("MLA_PDL();"))
+                };
+                body[..end].contains(&format!("{f}<"))
+                    && waits("if (ids != nullptr)", "= ids[p]")
+                    && waits("load(pre[d]);", "xrow = x +")
+            };
+            let weights_first = first.starts_with("MLA_WEIGHTS_FIRST();")
+                && (body[..end].contains("MLA_PDL();") || waits_inside("qmv_t"));
             assert!(
                 first.starts_with("MLA_PDL();") || weights_first,
                 "a kernel does not start with MLA_PDL(): {}",

@@ -179,6 +179,10 @@ struct QmvStep {
 //
 // Dense (ids == null): W at w0; the nv = m (<= MT) vectors are x rows x_div .. x_div + m;
 // out rows 0 .. m.
+// GLU (the `_glu` kernels; R == 2, W a gate|up [2 glu, k]): act[v, i] = bf16(silu(g) * u)
+// of g = row i and u = row glu + i, as silu_mul_bf16 computes it from those rows' sums (bit
+// for bit), in place of out: a warp's row group is that row pair, so the SwiGLU needs no
+// launch.
 // Pairs (ids != null, m == 1): blockIdx.y is pair p; W is expert ids[p] - first's matrix
 // (w_ptrs; a pair whose expert is not held here, or has no pointer, gets zeros), x row
 // p / x_div, out row p.
@@ -200,12 +204,12 @@ struct QmvStep {
 // each next group from one atomic counter instead, to even out the tail, measured up to 1.8x
 // slower on the MLP shapes in session 9, and never faster by more than 1%.) A warp owns its
 // rows and sums its lanes in a fixed order.
-template <int TY, int R, int MT, int DEPTH, int NQ>
+template <int TY, int R, int MT, int DEPTH, int NQ, bool GLU = false, bool LOADS_ONLY = false>
 __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_ptrs,
                                       unsigned long long w0, int first, int held,
                                       const int* __restrict__ ids, const bf16* __restrict__ x,
                                       int x_div, int rows, int k, int m, int accumulate,
-                                      float* __restrict__ out) {
+                                      float* __restrict__ out, int glu, bf16* __restrict__ act) {
     extern __shared__ __align__(16) unsigned char qmv_smem[];
     // vector v: xq [k] at v * k, then xd [MT][k / 32], xs [MT][k / 32]
     signed char* xq = (signed char*)qmv_smem;
@@ -223,11 +227,19 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
         nv = 1;
         w = (ex >= 0 && ex < held) ? (const unsigned char*)w_ptrs[ex] : nullptr;
     }
-    const int groups = (rows + R - 1) / R;
+    // GLU (R == 2): group g is the rows g (gate) and glu + g (up) of a [2 glu, k] gate|up.
+    static_assert(!GLU || R == 2, "a SwiGLU row group is one gate row and its up row");
+    static_assert(!LOADS_ONLY || TY == QT_Q4_K, "the loads-only lab walks Q4_K");
+    const int groups = GLU ? glu : (rows + R - 1) / R;
     if (w == nullptr) {
         if (ids == nullptr) MLA_PDL();  // dense without a matrix (w0 = 0): zeros, after the wait
-        for (int g = gw; g < groups; g += nw)
-            if (lane < R && g * R + lane < rows) out[(i64)orow * rows + g * R + lane] = 0.f;
+        for (int g = gw; g < groups; g += nw) {
+            if (GLU) {
+                if (lane == 0) act[(i64)orow * glu + g] = f2bf(0.f);
+            } else if (lane < R && g * R + lane < rows) {
+                out[(i64)orow * rows + g * R + lane] = 0.f;
+            }
+        }
         return;
     }
     constexpr int QV = 16 * NQ;      // Q8_0: quants a lane a step
@@ -249,7 +261,8 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     auto rows_of = [&](int g) {
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            const int row = min(g * R + r, rows - 1);  // computed, not stored
+            const int row = GLU ? min(g + r * glu, rows - 1)
+                                : min(g * R + r, rows - 1);  // computed, not stored
             lw[r] = w + (i64)row * rb;
             lwd[r] = wd + (i64)row * nb;
         }
@@ -344,7 +357,17 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
                 }
             } else {
                 const int sb = s * SPS + lane / LPS;
-                if (sb < nsb) {
+                if (LOADS_ONLY && sb < nsb) {
+                    // lab: the loads alone (every loaded word feeds one integer op)
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        unsigned t = cur.hd[r].x ^ cur.hd[r].y ^ cur.hd[r].z ^ cur.hd[r].w;
+#pragma unroll
+                        for (int j = 0; j < NQ; j++)
+                            t ^= cur.q[r][j].x ^ cur.q[r][j].y ^ cur.q[r][j].z ^ cur.q[r][j].w;
+                        acc[0][r] += (float)(t & 1u);
+                    }
+                } else if (sb < nsb) {
                     float d0[R], d1[R], m0[R], m1[R];
 #pragma unroll
                     for (int r = 0; r < R; r++) q4k_pair(cur.hd[r], h, d0[r], d1[r], m0[r], m1[r]);
@@ -390,16 +413,22 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
             if (s == steps - 1) {
                 const int row0 = cg * R;
 #pragma unroll
-                for (int v = 0; v < MT; v++)
+                for (int v = 0; v < MT; v++) {
+                    float t[R];
 #pragma unroll
                     for (int r = 0; r < R; r++) {
-                        const float t = warp_sum(acc[v][r]);
+                        t[r] = warp_sum(acc[v][r]);
                         acc[v][r] = 0.f;
-                        if (lane == 0 && v < nv && row0 + r < rows) {
+                        if (!GLU && lane == 0 && v < nv && row0 + r < rows) {
                             float* o = out + (i64)(orow + v) * rows + row0 + r;
-                            *o = accumulate ? *o + t : t;
+                            *o = accumulate ? *o + t[r] : t[r];
                         }
                     }
+                    // silu_mul_bf16's expression on the same two sums: bit for bit
+                    if (GLU && lane == 0 && v < nv)
+                        act[(i64)(orow + v) * glu + cg] =
+                            f2bf(t[0] / (1.f + __expf(-t[0])) * t[R - 1]);
+                }
                 s = 0;
             } else {
                 s++;
@@ -408,16 +437,31 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     }
 }
 
-// qmv_<type>_r<R>m<MT>[w]: w = two 16-byte words of quants a lane a step (NQ = 2).
-#define QMV_ENTRY(TYN, TY, R, MT, DEPTH, MINB, NQ, SUF)                                        \
+// qmv_<type>_r<R>m<MT>[w|w3][_glu]: w = two 16-byte words of quants a lane a step (NQ = 2),
+// w3 = those at three CTAs an SM; _glu = the SwiGLU epilogue (GLU above).
+#define QMV_ENTRY_G(TYN, TY, R, MT, DEPTH, MINB, NQ, SUF, GLU)                                \
     extern "C" __global__ void __launch_bounds__(256, MINB)                                    \
         qmv_##TYN##_r##R##m##MT##SUF(const unsigned long long* w_ptrs, unsigned long long w0,  \
                                      int first, int held, const int* ids, const bf16* x,       \
                                      int x_div, int rows, int k, int m, int accumulate,        \
-                                     float* out) {                                             \
+                                     float* out, int glu, bf16* act) {                         \
         MLA_WEIGHTS_FIRST(); /* qmv_t waits: dense after its first loads, pairs first */       \
-        qmv_t<TY, R, MT, DEPTH, NQ>(w_ptrs, w0, first, held, ids, x, x_div, rows, k, m,        \
-                                    accumulate, out);                                          \
+        qmv_t<TY, R, MT, DEPTH, NQ, GLU>(w_ptrs, w0, first, held, ids, x, x_div, rows, k, m,   \
+                                         accumulate, out, glu, act);                           \
+    }
+#define QMV_ENTRY(TYN, TY, R, MT, DEPTH, MINB, NQ, SUF) \
+    QMV_ENTRY_G(TYN, TY, R, MT, DEPTH, MINB, NQ, SUF, false)
+// Lab kernels (examples/qgemv.rs; no engine path launches them): the Q4_K walk of the two
+// M = 1 kernels with the loads alone (no product: every loaded word feeds one integer op),
+// the ceiling of the walk itself (bench/cuda/qgemv.md, session 14).
+#define QMV_LOADS(NAME, DEPTH, MINB)                                                           \
+    extern "C" __global__ void __launch_bounds__(256, MINB)                                    \
+        NAME(const unsigned long long* w_ptrs, unsigned long long w0, int first, int held,     \
+             const int* ids, const bf16* x, int x_div, int rows, int k, int m, int accumulate, \
+             float* out, int glu, bf16* act) {                                                 \
+        MLA_WEIGHTS_FIRST(); /* qmv_t waits */                                                 \
+        qmv_t<QT_Q4_K, 2, 1, DEPTH, 2, false, true>(w_ptrs, w0, first, held, ids, x, x_div,    \
+                                                    rows, k, m, accumulate, out, glu, act);    \
     }
 // qgemv.rs's QmvVariant::ALL lists these (type, rows a warp, vectors, steps in flight: 4, 2
 // or 1 where registers bind; CTAs an SM; words a lane). `w3`: three CTAs an SM (80
@@ -448,6 +492,13 @@ QMV_ENTRY(q4_k, QT_Q4_K, 2, 2, 2, 2, 2, w)
 QMV_ENTRY(q4_k, QT_Q4_K, 2, 4, 2, 2, 2, w)
 QMV_ENTRY(q4_k, QT_Q4_K, 2, 8, 1, 2, 2, w)
 QMV_ENTRY(q4_k, QT_Q4_K, 2, 1, 1, 3, 2, w3)
+// The one-vector kernels with the SwiGLU epilogue (qmv_glu, qmv_pairs_glu).
+QMV_ENTRY_G(q8_0, QT_Q8_0, 2, 1, 2, 2, 2, w_glu, true)
+QMV_ENTRY_G(q8_0, QT_Q8_0, 2, 1, 1, 3, 2, w3_glu, true)
+QMV_ENTRY_G(q4_k, QT_Q4_K, 2, 1, 2, 2, 2, w_glu, true)
+QMV_ENTRY_G(q4_k, QT_Q4_K, 2, 1, 1, 3, 2, w3_glu, true)
+QMV_LOADS(lab_q4k_r2m1w_loads, 2, 2)
+QMV_LOADS(lab_q4k_r2m1w3_loads, 1, 3)
 
 // Two f32 -> bf16x2 (lo in the low half), rounded to nearest even: one cvt on sm_80+, f2bf
 // before. Dequantized weights are finite, where both agree bit for bit.

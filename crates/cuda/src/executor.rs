@@ -731,10 +731,17 @@ impl CudaExecutor {
     /// SwiGLU MLP on bf16 rows xb [m, H], accumulated into out [m, H].
     fn mlp(&self, m: &GMlp, rows: usize, xb: u64, out: u64) -> Result<()> {
         let gpu = &self.gpu;
-        let gu = gpu.alloc::<f32>(rows * 2 * m.f)?;
-        linear(gpu, rows, xb, &m.gate_up, gu.ptr(), false)?;
         let act = gpu.alloc::<u16>(rows * m.f)?;
-        gpu.silu_mul(gu.ptr(), act.ptr(), m.f, rows)?;
+        // One quantized row: the SwiGLU in the int8 GEMV's epilogue (the same sums and bits).
+        let fused = match &m.gate_up {
+            GLinear::Quant(q) if q.rows == 2 * m.f => gpu.qgemm_glu(q, rows, xb, act.ptr())?,
+            _ => false,
+        };
+        if !fused {
+            let gu = gpu.alloc::<f32>(rows * 2 * m.f)?;
+            linear(gpu, rows, xb, &m.gate_up, gu.ptr(), false)?;
+            gpu.silu_mul(gu.ptr(), act.ptr(), m.f, rows)?;
+        }
         linear(gpu, rows, act.ptr(), &m.down, out, true)
     }
 

@@ -97,6 +97,10 @@ pub const NAMES: &[&str] = &[
     "qmv_q4_k_r2m4w",
     "qmv_q4_k_r2m8w",
     "qmv_q4_k_r2m1w3",
+    "qmv_q8_0_r2m1w_glu",
+    "qmv_q8_0_r2m1w3_glu",
+    "qmv_q4_k_r2m1w_glu",
+    "qmv_q4_k_r2m1w3_glu",
     "dequant_q8_0_bf16",
     "dequant_q4_k_bf16",
     "fa_pack_q",
@@ -125,6 +129,8 @@ pub const NAMES: &[&str] = &[
     "qgemm_reduce",
     "lab_handoff",
     "lab_grid_sync",
+    "lab_q4k_r2m1w_loads",
+    "lab_q4k_r2m1w3_loads",
 ];
 
 /// NVRTC's name for a compute capability.

@@ -191,7 +191,8 @@ pub struct QmvVariant {
 }
 
 impl QmvVariant {
-    /// Every kernel `qgemv.cu` instantiates (per type).
+    /// Every plain kernel `qgemv.cu` instantiates (per type); [`QmvVariant::GLU`] lists those
+    /// with a SwiGLU twin (`_glu`).
     pub const ALL: [QmvVariant; 12] = [
         QmvVariant::narrow(1, 1),
         QmvVariant::narrow(2, 1),
@@ -262,6 +263,10 @@ impl QmvVariant {
     /// The expert GEMV's kernel (its pairs run side by side, each over few rows).
     pub const PAIRS: QmvVariant = QmvVariant::wide(2, 1);
 
+    /// The kernels with a SwiGLU twin (`<kernel>_glu`, [`Gpu::qmv_glu_variant`]): the two a
+    /// single vector runs on.
+    pub const GLU: [QmvVariant; 2] = [QmvVariant::wide(2, 1), QmvVariant::WIDE3];
+
     pub fn kernel(self, ty: QType) -> String {
         let w = match (self.wide, self.ctas) {
             (false, _) => "",
@@ -310,6 +315,27 @@ fn evenness(groups: usize, warps: usize) -> f64 {
 /// for every warp, and grids covering the groups once were slower everywhere.)
 pub fn w3_evener(groups: usize, warps2: usize, warps3: usize) -> bool {
     evenness(groups, warps3) > evenness(groups, warps2) + 0.05
+}
+
+/// The fewest CTAs of 8 warps (at most `resident`) that walk `groups` row groups in as many
+/// rounds as the full persistent grid would, so every warp walks that many groups or one
+/// fewer: V3 down's 3,584 groups take 224 CTAs (two groups a warp) instead of 264 (one round
+/// full, the second 70% busy). A lab instrument (examples/qgemv.rs); the engine's grids are
+/// full (bench/cuda/qgemv.md, session 14: at most 2.7% faster).
+pub fn even_grid(groups: usize, resident: usize) -> usize {
+    let rounds = groups.div_ceil(8 * resident.max(1)).max(1);
+    groups
+        .div_ceil(rounds)
+        .div_ceil(8)
+        .clamp(1, resident.max(1))
+}
+
+/// `MLASERVE_QMV_GLU=0` (comparisons, read once): never the SwiGLU epilogue; nor with
+/// `MLASERVE_QMV_WIDE=0`, whose one-word kernels have no `_glu` twin.
+fn glu_allowed() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLASERVE_QMV_GLU").map_or(true, |v| v != "0"))
+        && narrow_only(QmvVariant::PAIRS) == QmvVariant::PAIRS
 }
 
 /// `MLASERVE_QMV_W3=0` (comparisons, read once): never [`QmvVariant::WIDE3`].
@@ -406,7 +432,18 @@ impl Gpu {
                 QmvVariant::MAX_M
             ))
         })?;
-        let mut v = narrow_only(v);
+        let v = if m == 1 {
+            self.qmv_one_vector(w)?
+        } else {
+            narrow_only(v)
+        };
+        self.qmv_variant(w, x, row0, m, out, accumulate, v, None)
+    }
+
+    /// The kernel of one vector against `w`: two words a lane, on three CTAs an SM where they
+    /// deal the row groups out more evenly ([`w3_evener`]).
+    fn qmv_one_vector(&self, w: &QMat) -> Result<QmvVariant> {
+        let mut v = narrow_only(QmvVariant::wide(2, 1));
         if v == QmvVariant::wide(2, 1) && w3_allowed() {
             let smem = v.smem(w.cols);
             let warps = |v: QmvVariant| -> Result<usize> {
@@ -417,7 +454,7 @@ impl Gpu {
                 v = w3;
             }
         }
-        self.qmv_variant(w, x, row0, m, out, accumulate, v, None)
+        Ok(v)
     }
 
     /// [`Gpu::qmv`] with an explicit kernel and an optional cap on the persistent grid (the
@@ -447,14 +484,130 @@ impl Gpu {
                 self.max_smem_per_block
             )));
         }
+        self.qmv_launch(
+            &v.kernel(w.ty),
+            w,
+            x,
+            row0,
+            m,
+            out,
+            accumulate,
+            v,
+            grid_cap,
+            None,
+        )
+    }
+
+    /// Whether [`Gpu::qmv_glu`] and [`Gpu::qmv_pairs_glu`] run ([`glu_allowed`]).
+    pub fn qmv_glu_on(&self) -> bool {
+        glu_allowed()
+    }
+
+    /// act[i] = bf16(silu(g_i) * u_i) of g = gate|up[i, :] . x[row0, :] and u = gate|up[f + i,
+    /// :] . x[row0, :], the gate|up `w` [2f, cols] (x bf16): bit for bit [`Gpu::qmv`] into
+    /// [2f] f32 then [`Gpu::silu_mul`], in one launch (the kernel's row groups are row pairs
+    /// (i, f + i); the same kernel as `qmv`'s at one vector, so the same sums). act bf16 [f].
+    pub fn qmv_glu(&self, w: &QMat, x: u64, row0: usize, act: u64) -> Result<()> {
+        self.qmv_check(w.ty, w.rows, w.cols)?;
+        let v = self.qmv_one_vector(w)?;
+        self.qmv_glu_variant(w, x, row0, act, v, None)
+    }
+
+    /// [`Gpu::qmv_glu`] on an explicit kernel of [`QmvVariant::GLU`] and an optional cap on
+    /// the persistent grid (the op table sweeps these).
+    pub fn qmv_glu_variant(
+        &self,
+        w: &QMat,
+        x: u64,
+        row0: usize,
+        act: u64,
+        v: QmvVariant,
+        grid_cap: Option<usize>,
+    ) -> Result<()> {
+        self.qmv_check(w.ty, w.rows, w.cols)?;
+        if w.rows % 2 != 0 || !glu_allowed() || !QmvVariant::GLU.contains(&v) {
+            return Err(CudaError::Invalid(format!(
+                "qmv_glu: a gate|up of {} rows on {v:?} (even rows, a kernel of \
+                 QmvVariant::GLU, MLASERVE_QMV_GLU and MLASERVE_QMV_WIDE on)",
+                w.rows
+            )));
+        }
+        if w.rows == 0 {
+            return Ok(());
+        }
+        if v.smem(w.cols) > self.max_smem_per_block {
+            return Err(CudaError::Invalid(format!(
+                "qmv_glu of width {}: {} bytes of shared memory (at most {})",
+                w.cols,
+                v.smem(w.cols),
+                self.max_smem_per_block
+            )));
+        }
+        let name = format!("{}_glu", v.kernel(w.ty));
+        let glu = Some((w.rows / 2, act));
+        self.qmv_launch(&name, w, x, row0, 1, 0, false, v, grid_cap, glu)
+    }
+
+    /// act [m, f] = bf16(silu(gate) * up) of x [m, cols] (bf16) against the gate|up `w` [2f,
+    /// cols], in one launch where one row takes the int8 GEMV ([`Gpu::qmv_glu`]; true), else
+    /// nothing (false: the caller runs [`Gpu::qgemm`] then [`Gpu::silu_mul`]).
+    pub fn qgemm_glu(&self, w: &QMat, m: usize, x: u64, act: u64) -> Result<bool> {
+        let tc = self.has_flash_attn();
+        if m != 1
+            || w.rows % 2 != 0
+            || !glu_allowed()
+            || QPath::choose(1, w.cols, self.max_smem_per_block, tc) != QPath::Gemv
+        {
+            return Ok(false);
+        }
+        self.qmv_glu(w, x, 0, act)?;
+        Ok(true)
+    }
+
+    /// A lab kernel of `qgemv.cu` (`lab_q4k_*`: Q4_K, one vector, shaped as `v`) on `w`, or
+    /// any `qmv_*` kernel by name. examples/qgemv.rs only.
+    #[allow(clippy::too_many_arguments)]
+    pub fn qmv_lab(
+        &self,
+        name: &str,
+        w: &QMat,
+        x: u64,
+        out: u64,
+        v: QmvVariant,
+        grid_cap: Option<usize>,
+    ) -> Result<()> {
+        self.qmv_check(w.ty, w.rows, w.cols)?;
+        self.qmv_launch(name, w, x, 0, 1, out, false, v, grid_cap, None)
+    }
+
+    /// [`even_grid`] for `w` on kernel `v` (the lab's even-grid runs).
+    pub fn qmv_even_grid(&self, w: &QMat, v: QmvVariant) -> Result<usize> {
+        let res = self.resident_ctas(&v.kernel(w.ty), v.smem(w.cols))?;
+        Ok(even_grid(w.rows.div_ceil(v.r), res))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn qmv_launch(
+        &self,
+        name: &str,
+        w: &QMat,
+        x: u64,
+        row0: usize,
+        m: usize,
+        out: u64,
+        accumulate: bool,
+        v: QmvVariant,
+        grid_cap: Option<usize>,
+        glu: Option<(usize, u64)>,
+    ) -> Result<()> {
         let (rows, k, acc) = (w.rows as i32, w.cols as i32, accumulate as i32);
+        let (glu_f, act) = glu.map_or((0i32, 0u64), |(f, a)| (f as i32, a));
         let (xr, m32) = (row0 as i32, m as i32);
         let (w0, null, zero) = (w.w.ptr(), 0u64, 0i32);
-        let name = v.kernel(w.ty);
         let smem = v.smem(w.cols);
         let grid = v
             .blocks(w.rows)
-            .min(self.resident_ctas(&name, smem)?)
+            .min(self.resident_ctas(name, smem)?)
             .min(grid_cap.unwrap_or(usize::MAX))
             .max(1);
         let cfg = LaunchConfig {
@@ -463,9 +616,9 @@ impl Gpu {
             shared_mem_bytes: smem as u32,
         };
         self.launch(
-            &name,
+            name,
             cfg,
-            &args![null, w0, zero, zero, null, x, xr, rows, k, m32, acc, out],
+            &args![null, w0, zero, zero, null, x, xr, rows, k, m32, acc, out, glu_f, act],
         )
     }
 
@@ -528,6 +681,49 @@ impl Gpu {
         rows: usize,
         out: u64,
     ) -> Result<()> {
+        let p = (pairs, w_ptrs, first, held, ids);
+        self.qmv_pairs_launch(ty, p, x, k, x_div, rows, out, None)
+    }
+
+    /// [`Gpu::qmv_pairs`] over gate|up matrices [2f, k] with the SwiGLU epilogue of
+    /// [`Gpu::qmv_glu`]: act[p, i] = bf16(silu(g) * u) of pair p's rows i and f + i, bit for
+    /// bit `qmv_pairs` over 2f rows then [`Gpu::silu_mul`]. act bf16 [pairs, f].
+    #[allow(clippy::too_many_arguments)]
+    pub fn qmv_pairs_glu(
+        &self,
+        ty: QType,
+        pairs: usize,
+        w_ptrs: u64,
+        first: usize,
+        held: usize,
+        ids: u64,
+        x: u64,
+        k: usize,
+        x_div: usize,
+        f: usize,
+        act: u64,
+    ) -> Result<()> {
+        if !glu_allowed() {
+            return Err(CudaError::Invalid(
+                "qmv_pairs_glu with MLASERVE_QMV_GLU=0 or MLASERVE_QMV_WIDE=0".into(),
+            ));
+        }
+        let p = (pairs, w_ptrs, first, held, ids);
+        self.qmv_pairs_launch(ty, p, x, k, x_div, 2 * f, 0, Some((f, act)))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn qmv_pairs_launch(
+        &self,
+        ty: QType,
+        (pairs, w_ptrs, first, held, ids): (usize, u64, usize, usize, u64),
+        x: u64,
+        k: usize,
+        x_div: usize,
+        rows: usize,
+        out: u64,
+        glu: Option<(usize, u64)>,
+    ) -> Result<()> {
         self.qmv_check(ty, rows, k)?;
         if pairs == 0 || rows == 0 {
             return Ok(());
@@ -538,7 +734,11 @@ impl Gpu {
             )));
         }
         let v = narrow_only(QmvVariant::PAIRS);
-        let name = v.kernel(ty);
+        let name = match glu {
+            Some(_) => format!("{}_glu", v.kernel(ty)),
+            None => v.kernel(ty),
+        };
+        let (glu_f, act) = glu.map_or((0i32, 0u64), |(f, a)| (f as i32, a));
         let smem = v.smem(k);
         // Persistent over row groups, the pairs side by side.
         let grid = v
@@ -555,7 +755,7 @@ impl Gpu {
         self.launch(
             &name,
             cfg,
-            &args![w_ptrs, 0u64, f, h, ids, x, xd, r32, k32, one, zero, out],
+            &args![w_ptrs, 0u64, f, h, ids, x, xd, r32, k32, one, zero, out, glu_f, act],
         )
     }
 
@@ -684,6 +884,19 @@ mod tests {
                         .any(|l| l.starts_with(&entry) && l.ends_with(&tail)),
                     "{entry}..{tail} not instantiated"
                 );
+                // its SwiGLU twin: the same shape with GLU on
+                if QmvVariant::GLU.contains(&v) {
+                    let glu = format!("{name}_glu");
+                    assert!(crate::kernels::NAMES.contains(&glu.as_str()), "{glu}");
+                    let entry = entry.replace("QMV_ENTRY(", "QMV_ENTRY_G(");
+                    let tail = format!(", {}, {nq}, {suf}_glu, true)", v.ctas);
+                    assert!(
+                        crate::kernels::SOURCE
+                            .lines()
+                            .any(|l| l.starts_with(&entry) && l.ends_with(&tail)),
+                        "{entry}..{tail} not instantiated"
+                    );
+                }
             }
         }
         for ty in [QType::Q8_0, QType::Q4K] {
@@ -716,6 +929,23 @@ mod tests {
         assert!(!w3_evener(3072 / 2, w2, w3)); // one round: fewer warps busy
         assert!(!w3_evener(0, w2, w3));
         assert!((evenness(4, 4) - 1.0).abs() < 1e-12 && (evenness(5, 4) - 0.625).abs() < 1e-12);
+    }
+
+    #[test]
+    fn even_grids_give_every_warp_the_same_groups_or_one_fewer() {
+        // H200, two CTAs an SM: 264 resident.
+        assert_eq!(even_grid(7168 / 2, 264), 224); // V3 down: 2 groups a warp
+        assert_eq!(even_grid(18432 / 2, 264), 231); // V3 gate/up: 5 rounds, 1,843.2 warps
+        assert_eq!(even_grid(100, 264), 13); // one round: the warps the groups need
+        assert_eq!(even_grid(8 * 264, 264), 264); // exactly full
+        assert_eq!(even_grid(0, 264), 1);
+        assert_eq!(even_grid(5, 0), 1);
+        for groups in [1usize, 7, 2112, 2113, 3584, 9216, 10944] {
+            let ctas = even_grid(groups, 264);
+            let warps = 8 * ctas;
+            let rounds = groups.div_ceil(8 * 264);
+            assert!(ctas <= 264 && groups.div_ceil(warps) == rounds, "{groups}");
+        }
     }
 
     #[test]

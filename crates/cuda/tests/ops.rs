@@ -2565,6 +2565,59 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         }
         let err = rel_err(&gpu.to_host(&out).unwrap(), &wp);
         rep.check("qmv_pairs", shape(1), "q*i8>f32", err, 1e-4);
+        // The SwiGLU epilogue (the matrix as a gate|up [2f, k]): bit for bit the GEMV into f32
+        // then silu_mul, dense at vectors 0 and 5 (the default kernel, then both kernels with
+        // a twin on full and capped grids, where a warp walks many row pairs) and over the
+        // pairs above (zeros where not held).
+        if rows % 2 == 0 && gpu.qmv_glu_on() {
+            let f = rows / 2;
+            let bits = |a: &[u16], b: &[u16]| a.iter().zip(b).filter(|(x, y)| x != y).count();
+            for row in [0usize, 5] {
+                let gu = poisoned::<f32>(gpu, rows);
+                gpu.qmv(&wd, xb.ptr(), row, 1, gu.ptr(), false).unwrap();
+                let (want, got) = (poisoned::<u16>(gpu, f), poisoned::<u16>(gpu, f));
+                gpu.silu_mul(gu.ptr(), want.ptr(), f, 1).unwrap();
+                let want = gpu.to_host(&want).unwrap();
+                gpu.qmv_glu(&wd, xb.ptr(), row, got.ptr()).unwrap();
+                let mism = bits(&gpu.to_host(&got).unwrap(), &want);
+                let name = format!("{} x{row} vs qmv+silu_mul", shape(1));
+                rep.check("qmv_glu", name, "q*i8>bf16", mism as f64, 0.0);
+                for v in QmvVariant::GLU {
+                    for cap in [None, Some(1), Some(3)] {
+                        let got = poisoned::<u16>(gpu, f);
+                        gpu.qmv_glu_variant(&wd, xb.ptr(), row, got.ptr(), v, cap)
+                            .unwrap();
+                        let mism = bits(&gpu.to_host(&got).unwrap(), &want);
+                        let name = format!(
+                            "{} x{row} {} grid {cap:?} vs qmv+silu_mul",
+                            shape(1),
+                            v.kernel(ty)
+                        );
+                        rep.check("qmv_glu", name, "q*i8>bf16", mism as f64, 0.0);
+                    }
+                }
+            }
+            let want = poisoned::<u16>(gpu, ids.len() * f);
+            gpu.silu_mul(out.ptr(), want.ptr(), f, ids.len()).unwrap();
+            let got = poisoned::<u16>(gpu, ids.len() * f);
+            gpu.qmv_pairs_glu(
+                ty,
+                ids.len(),
+                ptrs.ptr(),
+                1,
+                3,
+                idd.ptr(),
+                xb.ptr(),
+                k,
+                2,
+                f,
+                got.ptr(),
+            )
+            .unwrap();
+            let mism = bits(&gpu.to_host(&got).unwrap(), &gpu.to_host(&want).unwrap());
+            let name = format!("{} vs qmv_pairs+silu_mul", shape(1));
+            rep.check("qmv_pairs_glu", name, "q*i8>bf16", mism as f64, 0.0);
+        }
         // The dequantize kernel, bit-exact against the CPU's values rounded to bf16.
         let deq = poisoned::<u16>(gpu, rows * k);
         gpu.dequant_bf16(&wd, deq.ptr()).unwrap();

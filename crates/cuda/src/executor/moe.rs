@@ -358,10 +358,28 @@ impl CudaExecutor {
                 ),
             }
         };
-        let gu = gpu.alloc::<f32>(pairs * 2 * f)?;
-        gemv(m.gate_up_ty, gate_up, hnb.ptr(), k, h, 2 * f, gu.ptr())?;
         let act = gpu.alloc::<u16>(pairs * f)?;
-        gpu.silu_mul(gu.ptr(), act.ptr(), f, pairs)?;
+        match m.gate_up_ty {
+            // Quantized: the SwiGLU in the expert GEMV's epilogue (the same sums and bits).
+            Some(ty) if gpu.qmv_glu_on() => gpu.qmv_pairs_glu(
+                ty,
+                pairs,
+                gate_up,
+                first,
+                held,
+                ids.ptr(),
+                hnb.ptr(),
+                h,
+                k,
+                f,
+                act.ptr(),
+            )?,
+            _ => {
+                let gu = gpu.alloc::<f32>(pairs * 2 * f)?;
+                gemv(m.gate_up_ty, gate_up, hnb.ptr(), k, h, 2 * f, gu.ptr())?;
+                gpu.silu_mul(gu.ptr(), act.ptr(), f, pairs)?;
+            }
+        }
         let y = gpu.alloc::<f32>(pairs * h)?;
         gemv(m.down_ty, down, act.ptr(), 1, f, h, y.ptr())?;
         gpu.moe_combine_pairs(t, out, y.ptr(), w.ptr(), k, h)?;

@@ -297,6 +297,91 @@ fn main() -> Res<()> {
                         best = Some((us, label));
                     }
                 }
+                // M = 1: the default and three-CTA kernels on grids that give every warp the
+                // same number of row groups (qgemv::even_grid).
+                if m == 1 {
+                    for v in [
+                        QmvVariant::for_m(ty, 1).expect("one vector"),
+                        QmvVariant::WIDE3,
+                    ] {
+                        let cap = gpu.qmv_even_grid(&qs[0], v)?;
+                        gpu.sync()?;
+                        let o = gpu.alloc_filled::<f32>(rows, 0xff)?;
+                        gpu.qmv_variant(&qs[0], xd.ptr(), 0, 1, o.ptr(), false, v, Some(cap))?;
+                        let err = check(&cpu, &xq, 1, &gpu.to_host(&o)?, &sample);
+                        let label = format!("{} even {cap}", v.kernel(ty));
+                        if err.is_nan() || err > 1e-4 {
+                            println!("M1 {ty:?} {label}: error {err:.3e} past 1e-4; not timed");
+                            continue;
+                        }
+                        let us = time(
+                            &gpu,
+                            &|i| {
+                                gpu.qmv_variant(
+                                    &qs[i % nq],
+                                    xd.ptr(),
+                                    0,
+                                    1,
+                                    out.ptr(),
+                                    false,
+                                    v,
+                                    Some(cap),
+                                )
+                            },
+                            15,
+                            nq.max(16),
+                        )?;
+                        let gbs = bytes / us * 1e-3;
+                        println!(
+                            "M1 {ty:?} {label:<34} {us:8.1} µs {gbs:6.0} GB/s ({:5.3} x bf16)",
+                            gbs / bf16_gbs[&m]
+                        );
+                        rows_json.push(serde_json::json!({"shape": name, "rows": rows, "k": k, "m": m, "kernel": label, "grid_cap": cap, "us_median": us, "gb_s": gbs, "bytes": bytes, "rel_err": err}));
+                    }
+                }
+                // M = 1 on a gate|up: the SwiGLU in the GEMV's epilogue (one launch, act
+                // bf16 [rows / 2]) against the GEMV into f32 then silu_mul (two), checked
+                // bit for bit first.
+                if m == 1 && name.contains("gate") && gpu.qmv_glu_on() {
+                    let f = rows / 2;
+                    let (want, got) = (gpu.alloc::<u16>(f)?, gpu.alloc::<u16>(f)?);
+                    gpu.qmv(&qs[0], xd.ptr(), 0, 1, out.ptr(), false)?;
+                    gpu.silu_mul(out.ptr(), want.ptr(), f, 1)?;
+                    gpu.qmv_glu(&qs[0], xd.ptr(), 0, got.ptr())?;
+                    let diff = (gpu.to_host(&want)?.iter())
+                        .zip(gpu.to_host(&got)?.iter())
+                        .filter(|(a, b)| a != b)
+                        .count();
+                    if diff != 0 {
+                        println!("M1 {ty:?} qmv_glu: {diff} of {f} outputs differ; not timed");
+                    } else {
+                        let two = |i: usize| {
+                            gpu.qmv(&qs[i % nq], xd.ptr(), 0, 1, out.ptr(), false)?;
+                            gpu.silu_mul(out.ptr(), want.ptr(), f, 1)
+                        };
+                        let one = |i: usize| gpu.qmv_glu(&qs[i % nq], xd.ptr(), 0, got.ptr());
+                        for (label, us) in [
+                            ("qmv + silu_mul", time(&gpu, &two, 15, nq.max(16))?),
+                            ("qmv_glu", time(&gpu, &one, 15, nq.max(16))?),
+                        ] {
+                            println!("M1 {ty:?} {label:<34} {us:8.1} µs (SwiGLU, act bf16)");
+                            rows_json.push(serde_json::json!({"shape": name, "rows": rows, "k": k, "m": m, "kernel": label, "us_median": us, "swiglu": true}));
+                        }
+                    }
+                }
+                // Q4_K at M = 1: the walks with the loads alone.
+                if m == 1 && ty == QType::Q4K {
+                    lab_q4k(
+                        &gpu,
+                        &qs,
+                        xd.ptr(),
+                        out.ptr(),
+                        bytes,
+                        bf16_gbs[&m],
+                        name,
+                        &mut rows_json,
+                    )?;
+                }
                 if let Some((us, label)) = best {
                     let gbs = bytes / us * 1e-3;
                     table.push(format!(
@@ -371,6 +456,50 @@ fn main() -> Res<()> {
     if let Some(p) = json {
         let doc = serde_json::json!({"gpu": gpu.name, "arch": gpu.arch, "copy_ceiling_gb_s": COPY_GBS, "bytes": "W as stored + x bf16 [M, K] + out f32 [M, rows]", "rows": rows_json});
         std::fs::write(p, serde_json::to_string_pretty(&doc)?)?;
+    }
+    Ok(())
+}
+
+/// The `lab_q4k_*_loads` kernels of qgemv.cu on the same matrices (`qs`, rotated copies): the
+/// two M = 1 kernels' walks with the loads alone, on the full grid and on the even one. They
+/// compute no product, so they are timed, not checked: the ceiling of the walk itself.
+#[allow(clippy::too_many_arguments)]
+fn lab_q4k(
+    gpu: &Gpu,
+    qs: &[QMat],
+    x: u64,
+    out: u64,
+    bytes: f64,
+    bf16_gbs: f64,
+    shape: &str,
+    rows_json: &mut Vec<serde_json::Value>,
+) -> Res<()> {
+    let (rows, k, n) = (qs[0].rows, qs[0].cols, qs.len());
+    for (name, v) in [
+        (
+            "lab_q4k_r2m1w_loads",
+            QmvVariant::for_m(QType::Q4K, 1).expect("one vector"),
+        ),
+        ("lab_q4k_r2m1w3_loads", QmvVariant::WIDE3),
+    ] {
+        for cap in [None, Some(gpu.qmv_even_grid(&qs[0], v)?)] {
+            let label = match cap {
+                Some(c) => format!("{name} even {c}"),
+                None => name.to_string(),
+            };
+            let us = time(
+                gpu,
+                &|i| gpu.qmv_lab(name, &qs[i % n], x, out, v, cap),
+                15,
+                n.max(16),
+            )?;
+            let gbs = bytes / us * 1e-3;
+            println!(
+                "M1 Q4K {label:<34} {us:8.1} µs {gbs:6.0} GB/s ({:5.3} x bf16) (ablation: no product)",
+                gbs / bf16_gbs
+            );
+            rows_json.push(serde_json::json!({"shape": shape, "rows": rows, "k": k, "m": 1, "kernel": label, "grid_cap": cap, "us_median": us, "gb_s": gbs, "bytes": bytes, "checked": false}));
+        }
     }
     Ok(())
 }

@@ -15,7 +15,7 @@ files = re.findall(r'include_str!\("\.\./kernels/([^"]+)"\)', rs)
 src = "".join(open(os.path.join(root, "crates/cuda/kernels", f)).read() for f in files)
 
 import nvidia.cuda_nvrtc as m
-lib = ctypes.CDLL(glob.glob(os.path.join(os.path.dirname(m.__file__), "lib", "libnvrtc.so*"))[0])
+lib = ctypes.CDLL(glob.glob(os.path.join(list(m.__path__)[0], "lib", "libnvrtc.so*"))[0])  # a namespace package
 ok = True
 for arch in sys.argv[1:] or ["sm_90a", "sm_80"]:
     prog = ctypes.c_void_p()

@@ -183,6 +183,12 @@ struct QmvStep {
 // of g = row i and u = row glu + i, as silu_mul_bf16 computes it from those rows' sums (bit
 // for bit), in place of out: a warp's row group is that row pair, so the SwiGLU needs no
 // launch.
+// Combine (the `_comb` kernels; dense, MT == 1, 1 <= ck <= 32): out[v, row] = (out[v, row]
+// + c) + sum, of c = sum_j cw[v * ck + j] * cy[(v * ck + j) * rows + row] in j's order —
+// moe_combine_pairs's weighted sum of token v's ck expert rows cy (bit for bit), then this
+// product added as the accumulating GEMV adds it: the routed experts' combine rides on the
+// shared expert's down projection (executor/moe.rs), one launch fewer. Lane j loads slot j.
+// (With the code in every kernel, steps measured up to 10% slower in session 15: twins.)
 // Pairs (ids != null, m == 1): blockIdx.y is pair p; W is expert ids[p] - first's matrix
 // (w_ptrs; a pair whose expert is not held here, or has no pointer, gets zeros), x row
 // p / x_div, out row p.
@@ -204,12 +210,15 @@ struct QmvStep {
 // each next group from one atomic counter instead, to even out the tail, measured up to 1.8x
 // slower on the MLP shapes in session 9, and never faster by more than 1%.) A warp owns its
 // rows and sums its lanes in a fixed order.
-template <int TY, int R, int MT, int DEPTH, int NQ, bool GLU = false, bool LOADS_ONLY = false>
+template <int TY, int R, int MT, int DEPTH, int NQ, bool GLU = false, bool LOADS_ONLY = false,
+          bool COMB = false>
 __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_ptrs,
                                       unsigned long long w0, int first, int held,
                                       const int* __restrict__ ids, const bf16* __restrict__ x,
                                       int x_div, int rows, int k, int m, int accumulate,
-                                      float* __restrict__ out, int glu, bf16* __restrict__ act) {
+                                      float* __restrict__ out, int glu, bf16* __restrict__ act,
+                                      const float* __restrict__ cy, const float* __restrict__ cw,
+                                      int ck) {
     extern __shared__ __align__(16) unsigned char qmv_smem[];
     // vector v: xq [k] at v * k, then xd [MT][k / 32], xs [MT][k / 32]
     signed char* xq = (signed char*)qmv_smem;
@@ -230,6 +239,7 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     // GLU (R == 2): group g is the rows g (gate) and glu + g (up) of a [2 glu, k] gate|up.
     static_assert(!GLU || R == 2, "a SwiGLU row group is one gate row and its up row");
     static_assert(!LOADS_ONLY || TY == QT_Q4_K, "the loads-only lab walks Q4_K");
+    static_assert(!COMB || (MT == 1 && !GLU), "the combine rides on a one-vector product");
     const int groups = GLU ? glu : (rows + R - 1) / R;
     if (w == nullptr) {
         if (ids == nullptr) MLA_PDL();  // dense without a matrix (w0 = 0): zeros, after the wait
@@ -414,12 +424,41 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
                 const int row0 = cg * R;
 #pragma unroll
                 for (int v = 0; v < MT; v++) {
+                    // Combine: lane j < ck loads token v's slot j (weight, the group's rows)
+                    // before the sums, one round trip; lane 0 then adds them in slot order
+                    // through shuffles (moe_combine_pairs's sum, bit for bit), then the
+                    // product. Warp-uniform branches: every lane shuffles.
+                    float cwj = 0.f, cyj[R];
+                    if (COMB) {
+#pragma unroll
+                        for (int r = 0; r < R; r++) cyj[r] = 0.f;
+                        if (v < nv && lane < ck) {
+                            const int tok = orow + v;
+                            cwj = cw[tok * ck + lane];
+#pragma unroll
+                            for (int r = 0; r < R; r++)
+                                cyj[r] = cy[((i64)tok * ck + lane) * rows +
+                                            min(row0 + r, rows - 1)];
+                        }
+                    }
                     float t[R];
 #pragma unroll
                     for (int r = 0; r < R; r++) {
                         t[r] = warp_sum(acc[v][r]);
                         acc[v][r] = 0.f;
-                        if (!GLU && lane == 0 && v < nv && row0 + r < rows) {
+                        if (COMB) {
+                            if (v < nv && row0 + r < rows) {
+                                float* o = out + (i64)(orow + v) * rows + row0 + r;
+                                float c = 0.f;
+                                for (int j = 0; j < ck; j++)
+                                    c += __shfl_sync(0xffffffffu, cwj, j) *
+                                         __shfl_sync(0xffffffffu, cyj[r], j);
+                                if (lane == 0) {
+                                    const float o1 = *o + c;
+                                    *o = o1 + t[r];
+                                }
+                            }
+                        } else if (!GLU && lane == 0 && v < nv && row0 + r < rows) {
                             float* o = out + (i64)(orow + v) * rows + row0 + r;
                             *o = accumulate ? *o + t[r] : t[r];
                         }
@@ -437,20 +476,34 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     }
 }
 
-// qmv_<type>_r<R>m<MT>[w|w3][_glu]: w = two 16-byte words of quants a lane a step (NQ = 2),
-// w3 = those at three CTAs an SM; _glu = the SwiGLU epilogue (GLU above).
+// qmv_<type>_r<R>m<MT>[w|w3][_glu|_comb]: w = two 16-byte words of quants a lane a step
+// (NQ = 2), w3 = those at three CTAs an SM; _glu, _comb = the SwiGLU and combine epilogues.
 #define QMV_ENTRY_G(TYN, TY, R, MT, DEPTH, MINB, NQ, SUF, GLU)                                \
     extern "C" __global__ void __launch_bounds__(256, MINB)                                    \
         qmv_##TYN##_r##R##m##MT##SUF(const unsigned long long* w_ptrs, unsigned long long w0,  \
                                      int first, int held, const int* ids, const bf16* x,       \
                                      int x_div, int rows, int k, int m, int accumulate,        \
-                                     float* out, int glu, bf16* act) {                         \
+                                     float* out, int glu, bf16* act, const float* cy,          \
+                                     const float* cw, int ck) {                                \
         MLA_WEIGHTS_FIRST(); /* qmv_t waits: dense after its first loads, pairs first */       \
         qmv_t<TY, R, MT, DEPTH, NQ, GLU>(w_ptrs, w0, first, held, ids, x, x_div, rows, k, m,   \
-                                         accumulate, out, glu, act);                           \
+                                         accumulate, out, glu, act, cy, cw, ck);               \
     }
 #define QMV_ENTRY(TYN, TY, R, MT, DEPTH, MINB, NQ, SUF) \
     QMV_ENTRY_G(TYN, TY, R, MT, DEPTH, MINB, NQ, SUF, false)
+// ... and with the routed experts' combine (Combine above): qmv_<type>_r2m1<SUF>_comb.
+#define QMV_ENTRY_C(TYN, TY, DEPTH, MINB, SUF)                                                 \
+    extern "C" __global__ void __launch_bounds__(256, MINB)                                    \
+        qmv_##TYN##_r2m1##SUF##_comb(const unsigned long long* w_ptrs, unsigned long long w0,  \
+                                     int first, int held, const int* ids, const bf16* x,       \
+                                     int x_div, int rows, int k, int m, int accumulate,        \
+                                     float* out, int glu, bf16* act, const float* cy,          \
+                                     const float* cw, int ck) {                                \
+        MLA_WEIGHTS_FIRST(); /* qmv_t waits after its first loads */                           \
+        qmv_t<TY, 2, 1, DEPTH, 2, false, false, true>(w_ptrs, w0, first, held, ids, x, x_div,  \
+                                                      rows, k, m, accumulate, out, glu, act,   \
+                                                      cy, cw, ck);                             \
+    }
 // Lab kernels (examples/qgemv.rs; no engine path launches them): the Q4_K walk of the two
 // M = 1 kernels with the loads alone (no product: every loaded word feeds one integer op),
 // the ceiling of the walk itself (bench/cuda/qgemv.md, session 14).
@@ -458,10 +511,11 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     extern "C" __global__ void __launch_bounds__(256, MINB)                                    \
         NAME(const unsigned long long* w_ptrs, unsigned long long w0, int first, int held,     \
              const int* ids, const bf16* x, int x_div, int rows, int k, int m, int accumulate, \
-             float* out, int glu, bf16* act) {                                                 \
+             float* out, int glu, bf16* act, const float* cy, const float* cw, int ck) {       \
         MLA_WEIGHTS_FIRST(); /* qmv_t waits */                                                 \
         qmv_t<QT_Q4_K, 2, 1, DEPTH, 2, false, true>(w_ptrs, w0, first, held, ids, x, x_div,    \
-                                                    rows, k, m, accumulate, out, glu, act);    \
+                                                    rows, k, m, accumulate, out, glu, act, cy, \
+                                                    cw, ck);                                   \
     }
 // qgemv.rs's QmvVariant::ALL lists these (type, rows a warp, vectors, steps in flight: 4, 2
 // or 1 where registers bind; CTAs an SM; words a lane). `w3`: three CTAs an SM (80
@@ -497,6 +551,11 @@ QMV_ENTRY_G(q8_0, QT_Q8_0, 2, 1, 2, 2, 2, w_glu, true)
 QMV_ENTRY_G(q8_0, QT_Q8_0, 2, 1, 1, 3, 2, w3_glu, true)
 QMV_ENTRY_G(q4_k, QT_Q4_K, 2, 1, 2, 2, 2, w_glu, true)
 QMV_ENTRY_G(q4_k, QT_Q4_K, 2, 1, 1, 3, 2, w3_glu, true)
+// ... and with the combine (qmv_combine).
+QMV_ENTRY_C(q8_0, QT_Q8_0, 2, 2, w)
+QMV_ENTRY_C(q8_0, QT_Q8_0, 1, 3, w3)
+QMV_ENTRY_C(q4_k, QT_Q4_K, 2, 2, w)
+QMV_ENTRY_C(q4_k, QT_Q4_K, 1, 3, w3)
 QMV_LOADS(lab_q4k_r2m1w_loads, 2, 2)
 QMV_LOADS(lab_q4k_r2m1w3_loads, 1, 3)
 

@@ -27,6 +27,7 @@ use crate::graphs::{DecodeGraph, GraphKey, Graphs};
 use crate::mla_decode::Early;
 use crate::nccl::NcclComm;
 use crate::ops::{AttnDims, Gemm, GemmType, KeyLists, KvFinish};
+use crate::qgemv::PairCombine;
 use crate::step_inputs::{HostInputs, KeyListHost, KeyListSet, StepInputs};
 use crate::weights::{GFfn, GLayer, GLinear, GMat, GMlp, GWeights};
 use mlaserve_model::layers::{dsa::top_k, rope::Rope};
@@ -692,7 +693,7 @@ impl CudaExecutor {
                 false => FfnIn::Normed(&hn),
             };
             match &layer.ffn {
-                GFfn::Dense(m) => self.mlp(m, t, hnb.ptr(), target)?,
+                GFfn::Dense(m) => self.mlp(m, t, hnb.ptr(), target, None)?,
                 GFfn::Moe(m) => self.moe(m, t, ffn_in, &hnb, target)?,
             }
             self.finish_partial(&x, part)?;
@@ -728,8 +729,17 @@ impl CudaExecutor {
         Ok(Some(logits))
     }
 
-    /// SwiGLU MLP on bf16 rows xb [m, H], accumulated into out [m, H].
-    fn mlp(&self, m: &GMlp, rows: usize, xb: u64, out: u64) -> Result<()> {
+    /// SwiGLU MLP on bf16 rows xb [m, H], accumulated into out [m, H]; `comb`: the routed
+    /// experts' pending sum, added into out before the product (in a quantized down
+    /// projection's epilogue where it takes the int8 GEMV: one launch fewer).
+    fn mlp(
+        &self,
+        m: &GMlp,
+        rows: usize,
+        xb: u64,
+        out: u64,
+        comb: Option<PairCombine>,
+    ) -> Result<()> {
         let gpu = &self.gpu;
         let act = gpu.alloc::<u16>(rows * m.f)?;
         // One quantized row: the SwiGLU in the int8 GEMV's epilogue (the same sums and bits).
@@ -741,6 +751,14 @@ impl CudaExecutor {
             let gu = gpu.alloc::<f32>(rows * 2 * m.f)?;
             linear(gpu, rows, xb, &m.gate_up, gu.ptr(), false)?;
             gpu.silu_mul(gu.ptr(), act.ptr(), m.f, rows)?;
+        }
+        if let Some(c) = comb {
+            if let GLinear::Quant(q) = &m.down {
+                if gpu.combine_fits(q, rows, c.k) {
+                    return gpu.qmv_combine(q, act.ptr(), out, c);
+                }
+            }
+            gpu.moe_combine_pairs(rows, out, c.y, c.w, c.k, m.down.rows())?;
         }
         linear(gpu, rows, act.ptr(), &m.down, out, true)
     }

@@ -191,8 +191,8 @@ pub struct QmvVariant {
 }
 
 impl QmvVariant {
-    /// Every plain kernel `qgemv.cu` instantiates (per type); [`QmvVariant::GLU`] lists those
-    /// with a SwiGLU twin (`_glu`).
+    /// Every plain kernel `qgemv.cu` instantiates (per type); [`QmvVariant::ONE_VECTOR`]
+    /// lists those with `_glu` and `_comb` twins.
     pub const ALL: [QmvVariant; 12] = [
         QmvVariant::narrow(1, 1),
         QmvVariant::narrow(2, 1),
@@ -263,9 +263,9 @@ impl QmvVariant {
     /// The expert GEMV's kernel (its pairs run side by side, each over few rows).
     pub const PAIRS: QmvVariant = QmvVariant::wide(2, 1);
 
-    /// The kernels with a SwiGLU twin (`<kernel>_glu`, [`Gpu::qmv_glu_variant`]): the two a
-    /// single vector runs on.
-    pub const GLU: [QmvVariant; 2] = [QmvVariant::wide(2, 1), QmvVariant::WIDE3];
+    /// The two kernels a single vector runs on, each with a SwiGLU twin (`<kernel>_glu`,
+    /// [`Gpu::qmv_glu_variant`]) and a combine twin (`<kernel>_comb`, [`Gpu::qmv_combine`]).
+    pub const ONE_VECTOR: [QmvVariant; 2] = [QmvVariant::wide(2, 1), QmvVariant::WIDE3];
 
     pub fn kernel(self, ty: QType) -> String {
         let w = match (self.wide, self.ctas) {
@@ -328,6 +328,43 @@ pub fn even_grid(groups: usize, resident: usize) -> usize {
         .div_ceil(rounds)
         .div_ceil(8)
         .clamp(1, resident.max(1))
+}
+
+/// The routed experts' weighted sum [`Gpu::qmv_combine`] adds in its epilogue, as
+/// [`Gpu::moe_combine_pairs`] computes it: `y` f32 [m * k, rows] (token v's slot j at row
+/// v * k + j), `w` f32 [m, k].
+#[derive(Clone, Copy, Debug)]
+pub struct PairCombine {
+    pub y: u64,
+    pub w: u64,
+    pub k: usize,
+}
+
+/// What a GEMV launch writes: out (f32, `accumulate` adds), act = SwiGLU of row pairs (i, f + i)
+/// (bf16 [*, f]), or out += the routed experts' combine, then the product.
+#[derive(Clone, Copy, Debug)]
+enum Epilogue {
+    Plain,
+    Glu { f: usize, act: u64 },
+    Combine(PairCombine),
+}
+
+impl Epilogue {
+    /// The kernels' (glu, act, cy, cw, ck) arguments.
+    fn args(self) -> (i32, u64, u64, u64, i32) {
+        match self {
+            Epilogue::Plain => (0, 0, 0, 0, 0),
+            Epilogue::Glu { f, act } => (f as i32, act, 0, 0, 0),
+            Epilogue::Combine(c) => (0, 0, c.y, c.w, c.k as i32),
+        }
+    }
+}
+
+/// `MLASERVE_QMV_COMBINE=0` (comparisons, read once): the routed experts' combine in a launch
+/// of its own, never in the shared expert's down projection ([`Gpu::qgemm_combine`]).
+fn combine_allowed() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLASERVE_QMV_COMBINE").map_or(true, |v| v != "0"))
 }
 
 /// `MLASERVE_QMV_GLU=0` (comparisons, read once): never the SwiGLU epilogue; nor with
@@ -426,18 +463,61 @@ impl Gpu {
         out: u64,
         accumulate: bool,
     ) -> Result<()> {
+        let v = self.qmv_kernel_for(w, m)?;
+        self.qmv_variant(w, x, row0, m, out, accumulate, v, None)
+    }
+
+    /// The kernel [`Gpu::qmv`] runs for `m` vectors against `w`.
+    fn qmv_kernel_for(&self, w: &QMat, m: usize) -> Result<QmvVariant> {
         let v = QmvVariant::for_m(w.ty, m).ok_or_else(|| {
             CudaError::Invalid(format!(
                 "qmv takes 1..={} vectors, got {m}",
                 QmvVariant::MAX_M
             ))
         })?;
-        let v = if m == 1 {
-            self.qmv_one_vector(w)?
+        if m == 1 {
+            self.qmv_one_vector(w)
         } else {
-            narrow_only(v)
-        };
-        self.qmv_variant(w, x, row0, m, out, accumulate, v, None)
+            Ok(narrow_only(v))
+        }
+    }
+
+    /// out[r] = (out[r] + sum_j c.w[j] * c.y[j, r]) + W[r, :] . x[0, :] for one token (x bf16
+    /// [1, cols], out f32 [rows], c.k slots): bit for bit [`Gpu::moe_combine_pairs`] into out
+    /// then [`Gpu::qmv`] accumulating, in one launch (the `_comb` twin of `qmv`'s kernel: the
+    /// same walk, so the same sums). See [`Gpu::combine_fits`].
+    pub fn qmv_combine(&self, w: &QMat, x: u64, out: u64, c: PairCombine) -> Result<()> {
+        self.qmv_check(w.ty, w.rows, w.cols)?;
+        if !self.combine_fits(w, 1, c.k) {
+            return Err(CudaError::Invalid(format!(
+                "qmv_combine over {w_ty:?} [{} x {}] with {} slots: 1..=32 slots, x in shared \
+                 memory, MLASERVE_QMV_COMBINE on",
+                w.rows,
+                w.cols,
+                c.k,
+                w_ty = w.ty
+            )));
+        }
+        if w.rows == 0 {
+            return Ok(());
+        }
+        let v = self.qmv_one_vector(w)?;
+        let name = format!("{}_comb", v.kernel(w.ty));
+        let epi = Epilogue::Combine(c);
+        self.qmv_launch(&name, w, x, 0, 1, out, true, v, None, epi)
+    }
+
+    /// Whether [`Gpu::qmv_combine`] takes `m` rows of x against `w` with `k` slots: one row
+    /// (the combine twins are one-vector kernels; at 2-4 tokens the combine stays a launch of
+    /// its own), 1..=32 slots (a lane a slot), on the int8 GEMV's path (x in shared memory),
+    /// `MLASERVE_QMV_COMBINE` on.
+    pub fn combine_fits(&self, w: &QMat, m: usize, k: usize) -> bool {
+        let tc = self.has_flash_attn();
+        m == 1
+            && (1..=32).contains(&k)
+            && combine_allowed()
+            && narrow_only(QmvVariant::PAIRS) == QmvVariant::PAIRS
+            && QPath::choose(1, w.cols, self.max_smem_per_block, tc) == QPath::Gemv
     }
 
     /// The kernel of one vector against `w`: two words a lane, on three CTAs an SM where they
@@ -494,7 +574,7 @@ impl Gpu {
             accumulate,
             v,
             grid_cap,
-            None,
+            Epilogue::Plain,
         )
     }
 
@@ -513,7 +593,7 @@ impl Gpu {
         self.qmv_glu_variant(w, x, row0, act, v, None)
     }
 
-    /// [`Gpu::qmv_glu`] on an explicit kernel of [`QmvVariant::GLU`] and an optional cap on
+    /// [`Gpu::qmv_glu`] on an explicit kernel of [`QmvVariant::ONE_VECTOR`] and an optional cap on
     /// the persistent grid (the op table sweeps these).
     pub fn qmv_glu_variant(
         &self,
@@ -525,10 +605,10 @@ impl Gpu {
         grid_cap: Option<usize>,
     ) -> Result<()> {
         self.qmv_check(w.ty, w.rows, w.cols)?;
-        if w.rows % 2 != 0 || !glu_allowed() || !QmvVariant::GLU.contains(&v) {
+        if w.rows % 2 != 0 || !glu_allowed() || !QmvVariant::ONE_VECTOR.contains(&v) {
             return Err(CudaError::Invalid(format!(
                 "qmv_glu: a gate|up of {} rows on {v:?} (even rows, a kernel of \
-                 QmvVariant::GLU, MLASERVE_QMV_GLU and MLASERVE_QMV_WIDE on)",
+                 QmvVariant::ONE_VECTOR, MLASERVE_QMV_GLU and MLASERVE_QMV_WIDE on)",
                 w.rows
             )));
         }
@@ -544,7 +624,7 @@ impl Gpu {
             )));
         }
         let name = format!("{}_glu", v.kernel(w.ty));
-        let glu = Some((w.rows / 2, act));
+        let glu = Epilogue::Glu { f: w.rows / 2, act };
         self.qmv_launch(&name, w, x, row0, 1, 0, false, v, grid_cap, glu)
     }
 
@@ -577,7 +657,7 @@ impl Gpu {
         grid_cap: Option<usize>,
     ) -> Result<()> {
         self.qmv_check(w.ty, w.rows, w.cols)?;
-        self.qmv_launch(name, w, x, 0, 1, out, false, v, grid_cap, None)
+        self.qmv_launch(name, w, x, 0, 1, out, false, v, grid_cap, Epilogue::Plain)
     }
 
     /// [`even_grid`] for `w` on kernel `v` (the lab's even-grid runs).
@@ -598,10 +678,10 @@ impl Gpu {
         accumulate: bool,
         v: QmvVariant,
         grid_cap: Option<usize>,
-        glu: Option<(usize, u64)>,
+        epi: Epilogue,
     ) -> Result<()> {
         let (rows, k, acc) = (w.rows as i32, w.cols as i32, accumulate as i32);
-        let (glu_f, act) = glu.map_or((0i32, 0u64), |(f, a)| (f as i32, a));
+        let (glu_f, act, cy, cw, ck) = epi.args();
         let (xr, m32) = (row0 as i32, m as i32);
         let (w0, null, zero) = (w.w.ptr(), 0u64, 0i32);
         let smem = v.smem(w.cols);
@@ -618,7 +698,9 @@ impl Gpu {
         self.launch(
             name,
             cfg,
-            &args![null, w0, zero, zero, null, x, xr, rows, k, m32, acc, out, glu_f, act],
+            &args![
+                null, w0, zero, zero, null, x, xr, rows, k, m32, acc, out, glu_f, act, cy, cw, ck
+            ],
         )
     }
 
@@ -682,7 +764,7 @@ impl Gpu {
         out: u64,
     ) -> Result<()> {
         let p = (pairs, w_ptrs, first, held, ids);
-        self.qmv_pairs_launch(ty, p, x, k, x_div, rows, out, None)
+        self.qmv_pairs_launch(ty, p, x, k, x_div, rows, out, Epilogue::Plain)
     }
 
     /// [`Gpu::qmv_pairs`] over gate|up matrices [2f, k] with the SwiGLU epilogue of
@@ -709,7 +791,7 @@ impl Gpu {
             ));
         }
         let p = (pairs, w_ptrs, first, held, ids);
-        self.qmv_pairs_launch(ty, p, x, k, x_div, 2 * f, 0, Some((f, act)))
+        self.qmv_pairs_launch(ty, p, x, k, x_div, 2 * f, 0, Epilogue::Glu { f, act })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -722,7 +804,7 @@ impl Gpu {
         x_div: usize,
         rows: usize,
         out: u64,
-        glu: Option<(usize, u64)>,
+        epi: Epilogue,
     ) -> Result<()> {
         self.qmv_check(ty, rows, k)?;
         if pairs == 0 || rows == 0 {
@@ -734,11 +816,11 @@ impl Gpu {
             )));
         }
         let v = narrow_only(QmvVariant::PAIRS);
-        let name = match glu {
-            Some(_) => format!("{}_glu", v.kernel(ty)),
-            None => v.kernel(ty),
+        let name = match epi {
+            Epilogue::Glu { .. } => format!("{}_glu", v.kernel(ty)),
+            _ => v.kernel(ty),
         };
-        let (glu_f, act) = glu.map_or((0i32, 0u64), |(f, a)| (f as i32, a));
+        let (glu_f, act, cy, cw, ck) = epi.args();
         let smem = v.smem(k);
         // Persistent over row groups, the pairs side by side.
         let grid = v
@@ -755,7 +837,9 @@ impl Gpu {
         self.launch(
             &name,
             cfg,
-            &args![w_ptrs, 0u64, f, h, ids, x, xd, r32, k32, one, zero, out, glu_f, act],
+            &args![
+                w_ptrs, 0u64, f, h, ids, x, xd, r32, k32, one, zero, out, glu_f, act, cy, cw, ck
+            ],
         )
     }
 
@@ -884,8 +968,21 @@ mod tests {
                         .any(|l| l.starts_with(&entry) && l.ends_with(&tail)),
                     "{entry}..{tail} not instantiated"
                 );
+                // its combine twin
+                if QmvVariant::ONE_VECTOR.contains(&v) {
+                    let comb = format!("{name}_comb");
+                    assert!(crate::kernels::NAMES.contains(&comb.as_str()), "{comb}");
+                    let entry = format!("QMV_ENTRY_C({}, {ty_macro}, ", ty.tag());
+                    let tail = format!(", {}, {suf})", v.ctas);
+                    assert!(
+                        crate::kernels::SOURCE
+                            .lines()
+                            .any(|l| l.starts_with(&entry) && l.ends_with(&tail)),
+                        "{entry}..{tail} not instantiated"
+                    );
+                }
                 // its SwiGLU twin: the same shape with GLU on
-                if QmvVariant::GLU.contains(&v) {
+                if QmvVariant::ONE_VECTOR.contains(&v) {
                     let glu = format!("{name}_glu");
                     assert!(crate::kernels::NAMES.contains(&glu.as_str()), "{glu}");
                     let entry = entry.replace("QMV_ENTRY(", "QMV_ENTRY_G(");

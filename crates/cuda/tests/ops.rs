@@ -2394,7 +2394,7 @@ fn moe_grouped(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
 /// Q8_0 widths 2080 and 1408 leave partial warp steps; Q4_K 1280 a partial super-block step.
 fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     use mlaserve_backend::QMatrix;
-    use mlaserve_cuda::qgemv::{QType, QmvVariant};
+    use mlaserve_cuda::qgemv::{PairCombine, QType, QmvVariant};
     use rayon::prelude::*;
     // (type, rows, k, sweep every variant)
     let cases = [
@@ -2465,6 +2465,39 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         let want_x = dot(8, &wf, &|i| x[i] as f64);
         let want_bf = dot(mmax, &wr, &|i| x[i] as f64);
         let shape = |m: usize| format!("{ty:?} [{rows} x {k}] M{m}");
+        // The routed experts' combine in the epilogue of one token's product: bit for bit
+        // moe_combine_pairs into out, then the GEMV accumulating (k slots, weights and rows
+        // random); past 32 slots refused.
+        for kk in [6usize, 1, 8, 32] {
+            let y = gpu.upload(&rng.vec(kk * rows, 1.0)).unwrap();
+            let cw = gpu.upload(&rng.vec(kk, 1.0)).unwrap();
+            let base = rng.vec(rows, 1.0);
+            let (want, got) = (poisoned::<f32>(gpu, rows), poisoned::<f32>(gpu, rows));
+            gpu.write(&want, 0, &base).unwrap();
+            gpu.write(&got, 0, &base).unwrap();
+            gpu.moe_combine_pairs(1, want.ptr(), y.ptr(), cw.ptr(), kk, rows)
+                .unwrap();
+            gpu.qmv(&wd, xb.ptr(), 0, 1, want.ptr(), true).unwrap();
+            let c = PairCombine {
+                y: y.ptr(),
+                w: cw.ptr(),
+                k: kk,
+            };
+            if !gpu.combine_fits(&wd, 1, kk) {
+                continue; // MLASERVE_QMV_COMBINE=0 or _WIDE=0
+            }
+            gpu.qmv_combine(&wd, xb.ptr(), got.ptr(), c).unwrap();
+            let (a, b) = (gpu.to_host(&got).unwrap(), gpu.to_host(&want).unwrap());
+            let mism = a
+                .iter()
+                .zip(&b)
+                .filter(|(x, y)| x.to_bits() != y.to_bits())
+                .count();
+            let name = format!("{} k{kk} vs moe_combine_pairs+qmv", shape(1));
+            rep.check("qmv_combine", name, "q*i8>f32", mism as f64, 0.0);
+            let c33 = PairCombine { k: 33, ..c };
+            assert!(gpu.qmv_combine(&wd, xb.ptr(), got.ptr(), c33).is_err());
+        }
         // out (poisoned, or random when accumulating) after `f`, against `want` (+ base).
         let mut run = |m: usize, acc: bool, want: &[f32], f: &dyn Fn(u64)| -> f64 {
             let out = poisoned::<f32>(gpu, m * rows);
@@ -2582,7 +2615,7 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 let mism = bits(&gpu.to_host(&got).unwrap(), &want);
                 let name = format!("{} x{row} vs qmv+silu_mul", shape(1));
                 rep.check("qmv_glu", name, "q*i8>bf16", mism as f64, 0.0);
-                for v in QmvVariant::GLU {
+                for v in QmvVariant::ONE_VECTOR {
                     for cap in [None, Some(1), Some(3)] {
                         let got = poisoned::<u16>(gpu, f);
                         gpu.qmv_glu_variant(&wd, xb.ptr(), row, got.ptr(), v, cap)

@@ -19,7 +19,8 @@ use crate::error::{CudaError, Result};
 use crate::gpu::{DBuf, Gpu};
 use crate::moe_grouped::MOE_SORT_MAX_PAIRS;
 use crate::ops::{Gemm, GemmType, RouteCfg, SliceViews};
-use crate::qgemv::QType;
+use crate::qgemv::{PairCombine, QType};
+use crate::weights::GLinear;
 use crate::weights::GMoe;
 use mlaserve_model::layers::ffn::route;
 use mlaserve_model::{ModelConfig, MoeConfig};
@@ -72,6 +73,17 @@ pub(super) enum FfnIn<'a> {
     Residual { x: u64, gamma: u64 },
 }
 
+/// What [`CudaExecutor::moe_small`] leaves to the shared experts.
+enum Small {
+    /// The shared experts ran with the routed pairs (their slices).
+    WithShared,
+    /// The routed experts' sum is in out; the shared experts are still to run.
+    Routed,
+    /// The routed experts' rows `y` [T * k, H], not yet summed into out: the shared expert's
+    /// down projection adds them ([`crate::Gpu::qgemm_combine`]), or `moe_combine_pairs`.
+    Pending { y: DBuf<f32>, comb: PairCombine },
+}
+
 impl CudaExecutor {
     /// Whether a step of `t` tokens normalizes, routes and picks experts in one launch
     /// (`moe_norm_route`) ahead of the expert GEMVs: every MoE layer on the small GPU path
@@ -103,7 +115,8 @@ impl CudaExecutor {
         let logits = gpu.alloc::<f32>(t * e)?;
         let gpu_max = self.moe_gpu_max;
         let small = t <= MOE_GEMV_MAX_TOKENS && gpu_max > 0;
-        let shared_done = match inp {
+        // The small path's routing (ids, weights, shared slices), or the routed experts done.
+        let routed = match inp {
             FfnIn::Residual { x, gamma } if small && self.fused_route(t) => {
                 let s = small_slices(m, t);
                 let pairs = t * (mc.top_k + s);
@@ -124,7 +137,7 @@ impl CudaExecutor {
                     ids.ptr(),
                     w.ptr(),
                 )?;
-                self.moe_small(m, mc, t, (&ids, &w, s), hnb, out)?
+                Some((ids, w, s))
             }
             FfnIn::Residual { .. } => {
                 return Err(CudaError::Invalid(format!(
@@ -144,19 +157,38 @@ impl CudaExecutor {
                 if small {
                     let s = small_slices(m, t);
                     let (ids, w) = self.route_on_gpu(m, mc, t, &logits, s)?;
-                    self.moe_small(m, mc, t, (&ids, &w, s), hnb, out)?
+                    Some((ids, w, s))
                 } else if t <= gpu_max {
                     self.moe_grouped(m, mc, t, &logits, hnb, out)?;
-                    false
+                    None
                 } else {
                     self.moe_host(m, mc, t, &logits, hnb, out)?;
-                    false
+                    None
                 }
             }
         };
-        match &m.shared {
-            Some(sh) if !shared_done => self.mlp(sh, t, hnb.ptr(), out),
-            _ => Ok(()),
+        // `ids` and `w` live to the end: a pending combine reads w. Pending where the shared
+        // expert's down projection can add it (one quantized token's).
+        let defer = match m.shared.as_ref().map(|sh| &sh.down) {
+            Some(GLinear::Quant(q)) => gpu.combine_fits(q, t, mc.top_k),
+            _ => false,
+        };
+        let small = match &routed {
+            Some((ids, w, s)) => Some(self.moe_small(m, mc, t, (ids, w, *s), hnb, out, defer)?),
+            None => None,
+        };
+        match (&m.shared, small) {
+            (_, Some(Small::WithShared)) => Ok(()),
+            (Some(sh), None | Some(Small::Routed)) => self.mlp(sh, t, hnb.ptr(), out, None),
+            (Some(sh), Some(Small::Pending { y, comb })) => {
+                self.mlp(sh, t, hnb.ptr(), out, Some(comb))?;
+                drop(y);
+                Ok(())
+            }
+            (None, Some(Small::Pending { y, comb })) => {
+                gpu.moe_combine_pairs(t, out, y.ptr(), comb.w, comb.k, h)
+            }
+            (None, None | Some(Small::Routed)) => Ok(()),
         }
     }
 
@@ -289,8 +321,10 @@ impl CudaExecutor {
     /// slices through the two fused kernels (SwiGLU and combine in their epilogues); more
     /// tokens of bf16 experts up to `MLASERVE_MOE_FUSED_TOKENS` (default one) the routed
     /// pairs alone on them. Else the per-pair GEMV chain, x quantized to int8 in each block
-    /// for quantized experts (qgemv.rs). Both read an expert once a pair, so the shared
+    /// for quantized experts (qgemv.rs), whose weighted sum is left pending (`defer`) for the
+    /// shared expert's down projection to add. Both read an expert once a pair, so the shared
     /// experts of several tokens (every token's) run apart, read once.
+    #[allow(clippy::too_many_arguments)]
     fn moe_small(
         &self,
         m: &GMoe,
@@ -299,7 +333,8 @@ impl CudaExecutor {
         (ids, w, s): (&DBuf<i32>, &DBuf<f32>, usize),
         hnb: &DBuf<u16>,
         out: u64,
-    ) -> Result<bool> {
+        defer: bool,
+    ) -> Result<Small> {
         let gpu = &self.gpu;
         let (h, f) = (self.model.config().hidden_size, m.experts[0].f);
         let (gate_up, down) = (m.gate_up_ptrs.ptr(), m.down_ptrs.ptr());
@@ -332,7 +367,11 @@ impl CudaExecutor {
                 ap,
             )?;
             gpu.moe_gemv_combine(t, k, down, first, held, ip, ap, w.ptr(), f, h, views, out)?;
-            return Ok(s > 0);
+            return Ok(if s > 0 {
+                Small::WithShared
+            } else {
+                Small::Routed
+            });
         }
         if s != 0 {
             return Err(CudaError::Invalid(format!(
@@ -382,8 +421,16 @@ impl CudaExecutor {
         }
         let y = gpu.alloc::<f32>(pairs * h)?;
         gemv(m.down_ty, down, act.ptr(), 1, f, h, y.ptr())?;
-        gpu.moe_combine_pairs(t, out, y.ptr(), w.ptr(), k, h)?;
-        Ok(false)
+        if !defer {
+            gpu.moe_combine_pairs(t, out, y.ptr(), w.ptr(), k, h)?;
+            return Ok(Small::Routed);
+        }
+        let comb = PairCombine {
+            y: y.ptr(),
+            w: w.ptr(),
+            k,
+        };
+        Ok(Small::Pending { y, comb })
     }
 }
 

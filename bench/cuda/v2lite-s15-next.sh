@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# prepared in session 15, not run (no device time left): the first run of session 16 — tests; the combine epilogue in a device function of its own, the plain kernels' code as in a2abb66 (same registers and spills, NVRTC), against a2abb66 (decode_profile_old)
+# prepared in session 15, not run (no device time left), for the first run of session 16: tests; the landed combine (its twins' SASS is run 5's, every other kernel's a2abb66's: tools/sass_diff.sh) against a2abb66 (decode_profile_old)
 set -uo pipefail
 export TESTS=1 TYPE=q8_0 PROFILE_BATCHES=" "
 bash .device/decode_ab.sh

@@ -242,7 +242,9 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     static_assert(!COMB || (MT == 1 && !GLU), "the combine rides on a one-vector product");
     const int groups = GLU ? glu : (rows + R - 1) / R;
     if (w == nullptr) {
-        if (ids == nullptr) MLA_PDL();  // dense without a matrix (w0 = 0): zeros, after the wait
+        // a pair whose expert is not held: zeros (dense, w0 = 0, the host refuses: a plain
+        // product would store zeros, not add them, and a combine would be lost)
+        if (ids == nullptr) MLA_PDL();
         for (int g = gw; g < groups; g += nw) {
             if (GLU) {
                 if (lane == 0) act[(i64)orow * glu + g] = f2bf(0.f);

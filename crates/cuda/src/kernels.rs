@@ -247,6 +247,58 @@ pub fn compile(arch: &'static str) -> Result<Ptx> {
 mod tests {
     use super::*;
 
+    /// `src` without its `//` and `/* */` comments.
+    fn strip_comments(src: &str) -> String {
+        let mut out = String::with_capacity(src.len());
+        let mut rest = src;
+        while let Some(i) = rest.find("/*").into_iter().chain(rest.find("//")).min() {
+            out.push_str(&rest[..i]);
+            let end = if rest[i..].starts_with("/*") {
+                rest[i..].find("*/").map_or(rest.len(), |e| i + e + 2)
+            } else {
+                rest[i..].find('\n').map_or(rest.len(), |e| i + e)
+            };
+            rest = &rest[end..];
+        }
+        out.push_str(rest);
+        out
+    }
+
+    /// The brace-matched block that opens at the first `{` at or after `at`: (start, end) of
+    /// its contents.
+    fn block(src: &str, at: usize) -> (usize, usize) {
+        let open = at + src[at..].find('{').unwrap();
+        let mut depth = 0;
+        for (i, c) in src[open..].char_indices() {
+            depth += (c == '{') as i32 - (c == '}') as i32;
+            if depth == 0 {
+                return (open + 1, open + i);
+            }
+        }
+        panic!("unbalanced block at {at}");
+    }
+
+    /// Whether `src` indexes or offsets one of `names` (`name[` or `name +`).
+    fn reads_any(src: &str, names: &[&str]) -> Option<String> {
+        let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        let mut i = 0;
+        while i < src.len() {
+            let c = src[i..].chars().next().unwrap();
+            if ident(c) && (i == 0 || !src[..i].ends_with(ident)) {
+                let len = src[i..].find(|c: char| !ident(c)).unwrap_or(src.len() - i);
+                let name = &src[i..i + len];
+                let next = src[i + len..].trim_start().chars().next();
+                if names.contains(&name) && matches!(next, Some('[') | Some('+')) {
+                    return Some(name.to_string());
+                }
+                i += len;
+            } else {
+                i += c.len_utf8();
+            }
+        }
+        None
+    }
+
     /// Every kernel's body starts with `MLA_PDL();`: launched with programmatic stream
     /// serialization (sm_90+), a kernel that touched memory before waiting for the previous
     /// grid would race with it. The exception (common.cuh): `MLA_WEIGHTS_FIRST();` first, for
@@ -254,42 +306,69 @@ mod tests {
     /// the device function it runs, ahead of that function's first read of kernel output.
     #[test]
     fn every_kernel_waits_for_the_previous_grid_first() {
+        let source = strip_comments(SOURCE);
+        let qmv_t_waits = qmv_t_waits_before_reading(&source);
         let mut n = 0;
-        for (i, _) in SOURCE.match_indices("extern \"C\" __global__") {
-            let body = &SOURCE[i..][SOURCE[i..].find('{').unwrap() + 1..];
+        for (i, _) in source.match_indices("extern \"C\" __global__") {
+            let body = &source[i..][source[i..].find('{').unwrap() + 1..];
             let first = body.trim_start_matches(|c: char| c.is_whitespace() || c == '\\');
-            let end = body.find("\n}").unwrap_or(body.len());
-            // A kernel that reads weights first waits in its body, or in the device function
-            // it runs (qgemv.cu's qmv_t): there a wait precedes the routing's ids (pairs) and
-            // another the first read of x (dense).
-            let waits_inside = |f: &str| {
-                let Some(at) = SOURCE.find(&format!("void {f}(")) else {
-                    return false;
-                };
-                let src = SOURCE[at..].split("\n}\n").next().unwrap_or("");
-                // a wait between `from` and the first `to` after it
-                let waits = |from: &str, to: &str| {
-                    let Some(a) = src.find(from) else {
-                        return false;
-                    };
-                    src[a..]
-                        .find(to)
-                        .is_some_and(|b| src[a..a + b].contains("MLA_PDL();"))
-                };
-                body[..end].contains(&format!("{f}<"))
-                    && waits("if (ids != nullptr)", "= ids[p]")
-                    && waits("load(pre[d]);", "xrow = x +")
+            // a macro's body ends at its first line without a continuation
+            let header = source[i..].lines().next().unwrap_or("");
+            let end = if header.trim_end().ends_with('\\') {
+                body.lines()
+                    .take_while(|l| l.trim_end().ends_with('\\'))
+                    .map(|l| l.len() + 1)
+                    .sum::<usize>()
+                    .min(body.len())
+            } else {
+                body.find("\n}").unwrap_or(body.len())
             };
             let weights_first = first.starts_with("MLA_WEIGHTS_FIRST();")
-                && (body[..end].contains("MLA_PDL();") || waits_inside("qmv_t"));
+                && (body[..end].contains("MLA_PDL();")
+                    || (body[..end].contains("qmv_t<") && qmv_t_waits));
             assert!(
                 first.starts_with("MLA_PDL();") || weights_first,
                 "a kernel does not start with MLA_PDL(): {}",
-                &SOURCE[i..i + 120.min(SOURCE.len() - i)]
+                &source[i..i + 120.min(source.len() - i)]
             );
             n += 1;
         }
         assert!(n >= 40, "{n} kernels found");
+    }
+
+    /// qgemv.cu's qmv_t, which its kernels enter before any wait: the pairs wait before
+    /// reading the routing's ids, a dense launch without a matrix before storing, and a dense
+    /// launch between requesting its first weights and reading x — with nothing a kernel
+    /// writes (x, ids, out, act, cy, cw) read before that wait.
+    fn qmv_t_waits_before_reading(source: &str) -> bool {
+        let at = source.find("void qmv_t(").expect("qmv_t");
+        let (b0, b1) = block(source, at);
+        let src = &source[b0..b1];
+        let wait = "if (ids == nullptr) MLA_PDL();";
+        let starts_with_wait = |opener: &str, w: &str| {
+            src.find(opener).is_some_and(|o| {
+                let (c0, c1) = block(src, o);
+                src[c0..c1].trim_start().starts_with(w)
+            })
+        };
+        let (Some(pre), Some(xrow)) = (src.find("load(pre[d]);"), src.find("xrow = x +")) else {
+            return false;
+        };
+        let Some(dense) = src[pre..xrow].find(wait).map(|p| pre + p) else {
+            return false;
+        };
+        // before the dense wait, outside the two blocks that wait first, nothing is read
+        let mut before = src[..dense].to_string();
+        for opener in ["if (w == nullptr)", "if (ids != nullptr)"] {
+            if let Some(o) = before.find(opener) {
+                let (c0, c1) = block(&before, o);
+                before.replace_range(c0..c1, "");
+            }
+        }
+        let outputs = ["x", "ids", "out", "act", "cy", "cw"];
+        starts_with_wait("if (ids != nullptr)", "MLA_PDL();")
+            && starts_with_wait("if (w == nullptr)", wait)
+            && reads_any(&before, &outputs).is_none()
     }
 
     #[test]

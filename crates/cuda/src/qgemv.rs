@@ -361,7 +361,7 @@ impl Epilogue {
 }
 
 /// `MLASERVE_QMV_COMBINE=0` (comparisons, read once): the routed experts' combine in a launch
-/// of its own, never in the shared expert's down projection ([`Gpu::qgemm_combine`]).
+/// of its own, never in the shared expert's down projection ([`Gpu::qmv_combine`]).
 fn combine_allowed() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("MLASERVE_QMV_COMBINE").map_or(true, |v| v != "0"))
@@ -482,8 +482,8 @@ impl Gpu {
         }
     }
 
-    /// out[r] = (out[r] + sum_j c.w[j] * c.y[j, r]) + W[r, :] . x[0, :] for one token (x bf16
-    /// [1, cols], out f32 [rows], c.k slots): bit for bit [`Gpu::moe_combine_pairs`] into out
+    /// `out[r] = (out[r] + sum_j c.w[j] * c.y[j, r]) + W[r, :] . x[0, :]` for one token (x bf16
+    /// `[1, cols]`, out f32 `[rows]`, c.k slots): bit for bit [`Gpu::moe_combine_pairs`] into out
     /// then [`Gpu::qmv`] accumulating, in one launch (the `_comb` twin of `qmv`'s kernel: the
     /// same walk, so the same sums). See [`Gpu::combine_fits`].
     pub fn qmv_combine(&self, w: &QMat, x: u64, out: u64, c: PairCombine) -> Result<()> {
@@ -491,7 +491,7 @@ impl Gpu {
         if !self.combine_fits(w, 1, c.k) {
             return Err(CudaError::Invalid(format!(
                 "qmv_combine over {w_ty:?} [{} x {}] with {} slots: 1..=32 slots, x in shared \
-                 memory, MLASERVE_QMV_COMBINE on",
+                 memory, MLASERVE_QMV_COMBINE and MLASERVE_QMV_WIDE on",
                 w.rows,
                 w.cols,
                 c.k,
@@ -502,9 +502,34 @@ impl Gpu {
             return Ok(());
         }
         let v = self.qmv_one_vector(w)?;
+        self.qmv_combine_variant(w, x, out, c, v, None)
+    }
+
+    /// [`Gpu::qmv_combine`] on an explicit kernel of [`QmvVariant::ONE_VECTOR`] and an optional
+    /// cap on the persistent grid (the op table sweeps these).
+    pub fn qmv_combine_variant(
+        &self,
+        w: &QMat,
+        x: u64,
+        out: u64,
+        c: PairCombine,
+        v: QmvVariant,
+        grid_cap: Option<usize>,
+    ) -> Result<()> {
+        self.qmv_check(w.ty, w.rows, w.cols)?;
+        if !self.combine_fits(w, 1, c.k) || !QmvVariant::ONE_VECTOR.contains(&v) {
+            return Err(CudaError::Invalid(format!(
+                "qmv_combine on {v:?} with {} slots (a kernel of QmvVariant::ONE_VECTOR, \
+                 1..=32 slots)",
+                c.k
+            )));
+        }
+        if w.rows == 0 {
+            return Ok(());
+        }
         let name = format!("{}_comb", v.kernel(w.ty));
         let epi = Epilogue::Combine(c);
-        self.qmv_launch(&name, w, x, 0, 1, out, true, v, None, epi)
+        self.qmv_launch(&name, w, x, 0, 1, out, true, v, grid_cap, epi)
     }
 
     /// Whether [`Gpu::qmv_combine`] takes `m` rows of x against `w` with `k` slots: one row
@@ -578,17 +603,18 @@ impl Gpu {
         )
     }
 
-    /// Whether [`Gpu::qmv_glu`] and [`Gpu::qmv_pairs_glu`] run ([`glu_allowed`]).
+    /// Whether [`Gpu::qmv_glu`] and [`Gpu::qmv_pairs_glu`] run (`MLASERVE_QMV_GLU=0`: never,
+    /// for comparisons; nor with `MLASERVE_QMV_WIDE=0`, whose kernels have no `_glu` twin).
     pub fn qmv_glu_on(&self) -> bool {
         glu_allowed()
     }
 
-    /// act[i] = bf16(silu(g_i) * u_i) of g = gate|up[i, :] . x[row0, :] and u = gate|up[f + i,
-    /// :] . x[row0, :], the gate|up `w` [2f, cols] (x bf16): bit for bit [`Gpu::qmv`] into
-    /// [2f] f32 then [`Gpu::silu_mul`], in one launch (the kernel's row groups are row pairs
-    /// (i, f + i); the same kernel as `qmv`'s at one vector, so the same sums). act bf16 [f].
+    /// `act[i] = bf16(silu(g_i) * u_i)` of `g = gate|up[i, :] . x[row0, :]` and `u =
+    /// gate|up[f + i, :] . x[row0, :]`, the gate|up `w` `[2f, cols]` (x bf16): bit for bit
+    /// [`Gpu::qmv`] into `[2f]` f32 then [`Gpu::silu_mul`], in one launch (the kernel's row
+    /// groups are row pairs (i, f + i); the same kernel as `qmv`'s at one vector, so the same
+    /// sums). act bf16 `[f]`.
     pub fn qmv_glu(&self, w: &QMat, x: u64, row0: usize, act: u64) -> Result<()> {
-        self.qmv_check(w.ty, w.rows, w.cols)?;
         let v = self.qmv_one_vector(w)?;
         self.qmv_glu_variant(w, x, row0, act, v, None)
     }
@@ -684,6 +710,13 @@ impl Gpu {
         let (glu_f, act, cy, cw, ck) = epi.args();
         let (xr, m32) = (row0 as i32, m as i32);
         let (w0, null, zero) = (w.w.ptr(), 0u64, 0i32);
+        if w0 == 0 {
+            // the kernel would store zeros, neither adding nor combining (qgemv.cu)
+            return Err(CudaError::Invalid(format!(
+                "qmv over a {:?} [{} x {}] without device memory",
+                w.ty, w.rows, w.cols
+            )));
+        }
         let smem = v.smem(w.cols);
         let grid = v
             .blocks(w.rows)
@@ -962,37 +995,34 @@ mod tests {
                 let suf = name.rsplit_once(&format!("m{}", v.mt)).unwrap().1;
                 let entry = format!("QMV_ENTRY({}, {ty_macro}, {}, {}, ", ty.tag(), v.r, v.mt);
                 let tail = format!(", {}, {nq}, {suf})", v.ctas);
-                assert!(
-                    crate::kernels::SOURCE
-                        .lines()
-                        .any(|l| l.starts_with(&entry) && l.ends_with(&tail)),
-                    "{entry}..{tail} not instantiated"
-                );
-                // its combine twin
+                let line = crate::kernels::SOURCE
+                    .lines()
+                    .find(|l| l.starts_with(&entry) && l.ends_with(&tail))
+                    .unwrap_or_else(|| panic!("{entry}..{tail} not instantiated"));
+                // its twins walk as it does: the same steps in flight (DEPTH) and CTAs an SM
+                let depth = line[entry.len()..].split(',').next().unwrap().trim();
                 if QmvVariant::ONE_VECTOR.contains(&v) {
-                    let comb = format!("{name}_comb");
-                    assert!(crate::kernels::NAMES.contains(&comb.as_str()), "{comb}");
-                    let entry = format!("QMV_ENTRY_C({}, {ty_macro}, ", ty.tag());
-                    let tail = format!(", {}, {suf})", v.ctas);
-                    assert!(
-                        crate::kernels::SOURCE
-                            .lines()
-                            .any(|l| l.starts_with(&entry) && l.ends_with(&tail)),
-                        "{entry}..{tail} not instantiated"
-                    );
-                }
-                // its SwiGLU twin: the same shape with GLU on
-                if QmvVariant::ONE_VECTOR.contains(&v) {
-                    let glu = format!("{name}_glu");
-                    assert!(crate::kernels::NAMES.contains(&glu.as_str()), "{glu}");
-                    let entry = entry.replace("QMV_ENTRY(", "QMV_ENTRY_G(");
-                    let tail = format!(", {}, {nq}, {suf}_glu, true)", v.ctas);
-                    assert!(
-                        crate::kernels::SOURCE
-                            .lines()
-                            .any(|l| l.starts_with(&entry) && l.ends_with(&tail)),
-                        "{entry}..{tail} not instantiated"
-                    );
+                    let (tag, c) = (ty.tag(), v.ctas);
+                    for (twin, want) in [
+                        (
+                            format!("{name}_comb"),
+                            format!("QMV_ENTRY_C({tag}, {ty_macro}, {depth}, {c}, {suf})"),
+                        ),
+                        (
+                            format!("{name}_glu"),
+                            format!(
+                                "QMV_ENTRY_G({tag}, {ty_macro}, {}, {}, {depth}, {c}, {nq}, \
+                                 {suf}_glu, true)",
+                                v.r, v.mt
+                            ),
+                        ),
+                    ] {
+                        assert!(crate::kernels::NAMES.contains(&twin.as_str()), "{twin}");
+                        assert!(
+                            crate::kernels::SOURCE.lines().any(|l| l == want),
+                            "{want} not instantiated"
+                        );
+                    }
                 }
             }
         }

@@ -2406,6 +2406,8 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         (QType::Q4K, 576, 2048, true),
         (QType::Q4K, 200, 1280, true),
         (QType::Q4K, 1024, 7168, false),
+        (QType::Q8_0, 301, 1024, false), // odd rows: a last row group of one
+        (QType::Q4K, 257, 1024, false),
     ];
     for &(ty, rows, k, sweep) in &cases {
         let ggml = ty.ggml();
@@ -2487,14 +2489,25 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 continue; // MLASERVE_QMV_COMBINE=0 or _WIDE=0
             }
             gpu.qmv_combine(&wd, xb.ptr(), got.ptr(), c).unwrap();
-            let (a, b) = (gpu.to_host(&got).unwrap(), gpu.to_host(&want).unwrap());
-            let mism = a
-                .iter()
-                .zip(&b)
-                .filter(|(x, y)| x.to_bits() != y.to_bits())
-                .count();
+            let b = gpu.to_host(&want).unwrap();
+            let bits = |a: &[f32]| {
+                let diff = a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits());
+                diff.count()
+            };
+            let mism = bits(&gpu.to_host(&got).unwrap());
             let name = format!("{} k{kk} vs moe_combine_pairs+qmv", shape(1));
             rep.check("qmv_combine", name, "q*i8>f32", mism as f64, 0.0);
+            // both kernels with a twin, on full and capped grids (a warp walks many groups)
+            for v in QmvVariant::ONE_VECTOR {
+                for cap in [None, Some(1), Some(3)] {
+                    gpu.write(&got, 0, &base).unwrap();
+                    gpu.qmv_combine_variant(&wd, xb.ptr(), got.ptr(), c, v, cap)
+                        .unwrap();
+                    let mism = bits(&gpu.to_host(&got).unwrap());
+                    let name = format!("{} k{kk} {} grid {cap:?}", shape(1), v.kernel(ty));
+                    rep.check("qmv_combine", name, "q*i8>f32", mism as f64, 0.0);
+                }
+            }
             let c33 = PairCombine { k: 33, ..c };
             assert!(gpu.qmv_combine(&wd, xb.ptr(), got.ptr(), c33).is_err());
         }

@@ -80,7 +80,7 @@ enum Small {
     /// The routed experts' sum is in out; the shared experts are still to run.
     Routed,
     /// The routed experts' rows `y` [T * k, H], not yet summed into out: the shared expert's
-    /// down projection adds them ([`crate::Gpu::qgemm_combine`]), or `moe_combine_pairs`.
+    /// down projection adds them ([`crate::Gpu::qmv_combine`]), or `moe_combine_pairs`.
     Pending { y: DBuf<f32>, comb: PairCombine },
 }
 

@@ -580,13 +580,10 @@ impl Gpu {
         if m == 0 || w.rows == 0 {
             return Ok(());
         }
-        if m > v.mt || v.smem(w.cols) > self.max_smem_per_block {
+        if m > v.mt {
             return Err(CudaError::Invalid(format!(
-                "qmv kernel {v:?} with {m} vectors of width {}: {} bytes of shared memory \
-                 (at most {})",
-                w.cols,
-                v.smem(w.cols),
-                self.max_smem_per_block
+                "qmv kernel {v:?} takes at most {} vectors, got {m}",
+                v.mt
             )));
         }
         self.qmv_launch(
@@ -640,14 +637,6 @@ impl Gpu {
         }
         if w.rows == 0 {
             return Ok(());
-        }
-        if v.smem(w.cols) > self.max_smem_per_block {
-            return Err(CudaError::Invalid(format!(
-                "qmv_glu of width {}: {} bytes of shared memory (at most {})",
-                w.cols,
-                v.smem(w.cols),
-                self.max_smem_per_block
-            )));
         }
         let name = format!("{}_glu", v.kernel(w.ty));
         let glu = Epilogue::Glu { f: w.rows / 2, act };
@@ -718,6 +707,12 @@ impl Gpu {
             )));
         }
         let smem = v.smem(w.cols);
+        if smem > self.max_smem_per_block {
+            return Err(CudaError::Invalid(format!(
+                "{name} over width {}: {smem} bytes of shared memory (at most {})",
+                w.cols, self.max_smem_per_block
+            )));
+        }
         let grid = v
             .blocks(w.rows)
             .min(self.resident_ctas(name, smem)?)

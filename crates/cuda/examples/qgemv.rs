@@ -137,6 +137,9 @@ fn main() -> Res<()> {
         ("V2-Lite down", 2048, 10944),
         ("V3 gate/up", 18432, 7168),
         ("V3 down", 7168, 18432),
+        // as many bf16 bytes as V3 down holds in Q4_K (73.4 against 74.3 MB): how a bf16
+        // GEMV streams a matrix of that size
+        ("V3 down, Q4_K's bytes", 7168, 5120),
     ];
     let ms: Vec<usize> = match arg("--m") {
         Some(list) => list
@@ -500,6 +503,71 @@ fn lab_q4k(
             );
             rows_json.push(serde_json::json!({"shape": shape, "rows": rows, "k": k, "m": 1, "kernel": label, "grid_cap": cap, "us_median": us, "gb_s": gbs, "bytes": bytes, "checked": false}));
         }
+    }
+    // The same walk through shared memory (cp.async.bulk into DEPTH slots a warp): the same
+    // sums as r2m1w bit for bit (a row's lanes add the same steps in the same order), checked
+    // before they are timed.
+    if !gpu.has_clusters() {
+        return Ok(());
+    }
+    let want = gpu.alloc_filled::<f32>(rows, 0xff)?;
+    let v = QmvVariant::for_m(QType::Q4K, 1).expect("one vector");
+    gpu.qmv_variant(&qs[0], x, 0, 1, want.ptr(), false, v, None)?;
+    let want = gpu.to_host(&want)?;
+    // (kernel, slots; 0: the engine's kernel of that name, through qmv_variant)
+    // (kernel, slots; 0: the engine's kernel of that name through qmv_variant, on the full
+    // grid, or on the even one for "... even")
+    for (name, depth) in [
+        ("qmv_q4_k_r2m1b", 0),
+        ("qmv_q4_k_r2m1b even", 0),
+        ("qmv_q4_k_r2m1b3", 0),
+        ("lab_q4k_r2m1w_bulk4q", 4),
+        ("lab_q4k_r2m1w3_bulk3q", 3),
+        ("lab_q4k_r2m1w_bulk4_loads", 4),
+    ] {
+        let kernel = name.trim_end_matches(" even");
+        let engine = [QmvVariant::BULK, QmvVariant::BULK3]
+            .into_iter()
+            .find(|v| v.kernel(QType::Q4K) == kernel);
+        let cap = match engine {
+            Some(v) if name.ends_with(" even") => Some(gpu.qmv_even_grid(&qs[0], v)?),
+            _ => None,
+        };
+        let run = |i: usize, out: u64| match engine {
+            Some(v) => gpu.qmv_variant(&qs[i % n], x, 0, 1, out, false, v, cap),
+            None => gpu.qmv_lab_bulk(name, &qs[i % n], x, out, depth),
+        };
+        let loads = name.ends_with("_loads");
+        if !loads {
+            let got = gpu.alloc_filled::<f32>(rows, 0xff)?;
+            if let Err(e) = run(0, got.ptr()) {
+                println!("M1 Q4K {name}: {e}");
+                continue;
+            }
+            let got = gpu.to_host(&got)?;
+            let diff = want
+                .iter()
+                .zip(&got)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            if diff != 0 {
+                println!("M1 Q4K {name}: {diff} of {rows} rows differ from r2m1w's; not timed");
+                rows_json.push(serde_json::json!({"shape": shape, "rows": rows, "k": k, "m": 1, "kernel": name, "failed": true}));
+                continue;
+            }
+        }
+        let us = time(gpu, &|i| run(i, out), 15, n.max(16))?;
+        let gbs = bytes / us * 1e-3;
+        let what = if loads {
+            "(ablation: no product)"
+        } else {
+            "(bits = r2m1w)"
+        };
+        println!(
+            "M1 Q4K {name:<34} {us:8.1} µs {gbs:6.0} GB/s ({:5.3} x bf16) {what}",
+            gbs / bf16_gbs
+        );
+        rows_json.push(serde_json::json!({"shape": shape, "rows": rows, "k": k, "m": 1, "kernel": name, "us_median": us, "gb_s": gbs, "bytes": bytes, "checked": !loads}));
     }
     Ok(())
 }

@@ -133,6 +133,64 @@ __device__ __forceinline__ void q8_block(const bf16* x, signed char* q, float& d
     ds = d * (float)s;
 }
 
+// q8_block's rule over the nb blocks of one row x, four lanes a block (8 values each; the
+// amax and the integer sum through shuffles, order-free): the same bytes and floats as
+// q8_block, a quarter of its serial chain a thread. Every thread of the block calls it. (Lab:
+// the bulk kernels' QCOOP; one load a round measured 1.6-3 µs slower than q8_block at K =
+// 7,168-18,432 in session 16, so the loads of U rounds go first.)
+__device__ __forceinline__ void q8_coop(const bf16* x, int nb, signed char* xq, float* xd,
+                                        float* xs) {
+    // U blocks a thread at once, their loads first (one round trip per U, not per block)
+    constexpr int U = 4;
+    const int part = threadIdx.x & 3, nt = blockDim.x >> 2, lb = (threadIdx.x & 31) >> 2;
+    for (int c0 = (threadIdx.x >> 2) - lb; c0 < nb; c0 += U * nt) {  // c0: the warp's first block
+        uint4 us[U];
+#pragma unroll
+        for (int i = 0; i < U; i++) {
+            const int b = c0 + i * nt + lb;
+            us[i] = b < nb ? *(const uint4*)(x + b * 32 + 8 * part) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int i = 0; i < U; i++) {
+            if (c0 + i * nt >= nb) break;  // warp-uniform: the warp's first block of round i
+            const int b = c0 + i * nt + lb;
+            const bool live = b < nb;
+            float v[8];
+            const uint4 u = us[i];
+            const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                v[2 * j] = __uint_as_float(w[j] << 16);
+                v[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+            }
+            float amax = 0.f;
+#pragma unroll
+            for (int e = 0; e < 8; e++) amax = fmaxf(amax, fabsf(v[e]));
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+            const float d = amax / 127.f;
+            const float id = d > 0.f ? 1.f / d : 0.f;
+            int sum = 0;
+            unsigned p[2] = {0, 0};
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const int qi = (int)roundf(v[e] * id);
+                sum += qi;
+                p[e >> 2] |= ((unsigned)qi & 0xffu) << (8 * (e & 3));
+            }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            if (live) {
+                *(uint2*)(xq + b * 32 + 8 * part) = make_uint2(p[0], p[1]);
+                if (part == 0) {
+                    xd[b] = d;
+                    xs[b] = d * (float)sum;
+                }
+            }
+        }
+    }
+}
+
 // x bf16 [blocks * 32] (rows of K back to back, K % 32 == 0) -> xq int8, xd f32 (scale) and
 // xs f32 (scale * sum of the block's q) per 32 values. A thread per block; grid-stride.
 extern "C" __global__ void q8_quantize_x(const bf16* x, i64 blocks, signed char* xq, float* xd,
@@ -161,6 +219,52 @@ __device__ __forceinline__ void q4k_pair(uint4 hd, int h, float& d0, float& d1, 
     d1 = d * (byte_f(sc, 1) - 8388608.f);
     m0 = dm * (byte_f(mn, 0) - 8388608.f);
     m1 = dm * (byte_f(mn, 1) - 8388608.f);
+}
+
+// The bulk walk's (BULK, lab) copies: an mbarrier a slot, one arrival (the issuing lane's)
+// and the bytes of the step's copies as its transaction count.
+__device__ __forceinline__ void qmv_bar_init(unsigned long long* bar, int n) {
+#if __CUDA_ARCH__ >= 900
+    for (int i = 0; i < n; i++) {
+        const unsigned a = (unsigned)__cvta_generic_to_shared(bar + i);
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(a));
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#else
+    __trap();
+#endif
+}
+
+__device__ __forceinline__ void qmv_bar_wait(unsigned long long* bar, unsigned parity) {
+#if __CUDA_ARCH__ >= 900
+    const unsigned a = (unsigned)__cvta_generic_to_shared(bar);
+    asm volatile(
+        "{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra W;\n}" ::"r"(a), "r"(parity) : "memory");
+#endif
+}
+
+// Super-blocks sb0 .. sb0 + n of each of R rows (bases lw) into dst (8 * 144 bytes a row),
+// completing on bar.
+template <int R>
+__device__ __forceinline__ void qmv_bulk_step(unsigned char* dst, const unsigned char* const* lw,
+                                              int sb0, int n, unsigned long long* bar) {
+#if __CUDA_ARCH__ >= 900
+    const unsigned b = (unsigned)__cvta_generic_to_shared(bar), bytes = (unsigned)n * 144u;
+    // the warp's reads of the slot's last contents (ordered by the __syncwarp before) come
+    // before the async proxy's writes
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(R * bytes)
+                 : "memory");
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const unsigned d = (unsigned)__cvta_generic_to_shared(dst + r * 8 * 144);
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+            "[%3];" ::"r"(d), "l"(lw[r] + (i64)sb0 * 144), "r"(bytes), "r"(b)
+            : "memory");
+    }
+#endif
 }
 
 // One step of a warp's walk: the weights one lane loads (R rows, NQ 16-byte words of quants
@@ -211,7 +315,7 @@ struct QmvStep {
 // slower on the MLP shapes in session 9, and never faster by more than 1%.) A warp owns its
 // rows and sums its lanes in a fixed order.
 template <int TY, int R, int MT, int DEPTH, int NQ, bool GLU = false, bool LOADS_ONLY = false,
-          bool COMB = false>
+          bool COMB = false, bool BULK = false, bool QCOOP = false>
 __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_ptrs,
                                       unsigned long long w0, int first, int held,
                                       const int* __restrict__ ids, const bf16* __restrict__ x,
@@ -281,6 +385,27 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     };
     rows_of(lg);
     // Requests the load cursor's step into st (nothing past the last group) and advances.
+    // BULK (lab): a warp's DEPTH steps in flight are copies into its shared-memory slots
+    // (cp.async.bulk, one lane, an mbarrier a slot) instead of registers; a slot holds the
+    // step's SPS super-blocks of each of the R rows, contiguous in memory.
+    static_assert(!BULK || (TY == QT_Q4_K && NQ == 2), "the bulk walk copies Q4_K steps");
+    constexpr int SLOT = R * 8 * 144;  // bytes a slot (SPS = 8 super-blocks a row)
+    // dynamic shared memory after x: the 8 warps' slots, then their barriers
+    unsigned char* ring0 = qmv_smem + MT * (k + (k >> 5) * 8);
+    unsigned char* ring = ring0 + warp * DEPTH * SLOT;
+    unsigned long long* bar = (unsigned long long*)(ring0 + 8 * DEPTH * SLOT) + warp * DEPTH;
+    auto issue = [&](int d) {  // the load cursor's step into slot d, and advances
+        if (lg >= groups) return;
+        if (lane == 0) {
+            const int sb0 = ls * SPS, n = min(SPS, nsb - sb0);
+            qmv_bulk_step<R>(ring + d * SLOT, lw, sb0, n, bar + d);
+        }
+        if (++ls == steps) {
+            ls = 0;
+            lg += nw;
+            rows_of(lg);
+        }
+    };
     auto load = [&](QmvStep<TY, R, NQ>& st) {
         if (lg >= groups) return;
 #pragma unroll
@@ -310,18 +435,30 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
         }
     };
     // pre[d] holds the step of group grp[d] (>= groups: none).
-    QmvStep<TY, R, NQ> pre[DEPTH];
+    QmvStep<TY, R, NQ> pre[BULK ? 1 : DEPTH];
     int grp[DEPTH];
+    unsigned phase = 0;  // BULK: bit d, the parity slot d's barrier completes next
+    if constexpr (BULK) {
+        if (lane == 0) qmv_bar_init(bar, DEPTH);
+        __syncwarp();
+    }
 #pragma unroll
     for (int d = 0; d < DEPTH; d++) {
         grp[d] = lg;
-        load(pre[d]);
+        if constexpr (BULK)
+            issue(d);
+        else
+            load(pre[d]);
     }
     if (ids == nullptr) MLA_PDL();  // dense: the first steps were requested before the wait
     for (int v = 0; v < nv; v++) {
         const bf16* xrow = x + (i64)(xr + v) * k;
-        for (int b = threadIdx.x; b < nb; b += blockDim.x)
-            q8_block(xrow + b * 32, xq + v * k + b * 32, xd[v * nb + b], xs[v * nb + b]);
+        if constexpr (QCOOP) {
+            q8_coop(xrow, nb, xq + v * k, xd + v * nb, xs + v * nb);
+        } else {
+            for (int b = threadIdx.x; b < nb; b += blockDim.x)
+                q8_block(xrow + b * 32, xq + v * k + b * 32, xd[v * nb + b], xs[v * nb + b]);
+        }
     }
     __syncthreads();
     float acc[MT][R];
@@ -339,10 +476,30 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
             }
             // The step computed now, copied out so the step DEPTH ahead can load into its slot
             // first (DEPTH steps in flight while one is computed).
-            const QmvStep<TY, R, NQ> cur = pre[d];
+            QmvStep<TY, R, NQ> cur;
             const int cg = grp[d];
-            grp[d] = lg;
-            load(pre[d]);
+            if constexpr (BULK) {
+                // wait for slot d, read this lane's words, free the slot, refill it
+                qmv_bar_wait(bar + d, (phase >> d) & 1u);
+                phase ^= 1u << d;
+                const unsigned char* blk = ring + d * SLOT + (lane / LPS) * 144;
+                if (s * SPS + lane / LPS < nsb) {
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        cur.hd[r] = *(const uint4*)(blk + r * 8 * 144);
+#pragma unroll
+                        for (int j = 0; j < NQ; j++)
+                            cur.q[r][j] = *(const uint4*)(blk + r * 8 * 144 + 16 + 32 * h + 16 * j);
+                    }
+                }
+                __syncwarp();
+                grp[d] = lg;
+                issue(d);
+            } else {
+                cur = pre[d];
+                grp[d] = lg;
+                load(pre[d]);
+            }
             if constexpr (TY == QT_Q8_0) {
                 const int c = s * 32 * QV + lane * QV;
                 if (c < k) {
@@ -558,6 +715,42 @@ QMV_ENTRY_C(q8_0, QT_Q8_0, 2, 2, w)
 QMV_ENTRY_C(q8_0, QT_Q8_0, 1, 3, w3)
 QMV_ENTRY_C(q4_k, QT_Q4_K, 2, 2, w)
 QMV_ENTRY_C(q4_k, QT_Q4_K, 1, 3, w3)
+// Q4_K at one vector, the walk through shared memory (BULK): each warp's DEPTH steps in flight
+// are cp.async.bulk copies into its slots (one lane issues them, an mbarrier a slot), x
+// quantized by q8_block as there: qmv_q4_k_r2m1b[3][_glu|_comb] (Gpu::qmv picks them for
+// Q4_K at K >= 4,096 on sm_90, which has the copies: QmvVariant::BULK_MIN_K). The same lanes
+// add the same steps in the same order as r2m1w: the same sums, bit for bit.
+#define QMV_ENTRY_B(DEPTH, MINB, SUF, GLU, COMB)                                               \
+    extern "C" __global__ void __launch_bounds__(256, MINB)                                    \
+        qmv_q4_k_r2m1##SUF(const unsigned long long* w_ptrs, unsigned long long w0, int first, \
+                           int held, const int* ids, const bf16* x, int x_div, int rows,       \
+                           int k, int m, int accumulate, float* out, int glu, bf16* act,       \
+                           const float* cy, const float* cw, int ck) {                         \
+        MLA_WEIGHTS_FIRST(); /* qmv_t waits: dense after its first copies, pairs first */      \
+        qmv_t<QT_Q4_K, 2, 1, DEPTH, 2, GLU, false, COMB, true, false>(                         \
+            w_ptrs, w0, first, held, ids, x, x_div, rows, k, m, accumulate, out, glu, act, cy, \
+            cw, ck);                                                                           \
+    }
+QMV_ENTRY_B(4, 2, b, false, false)
+QMV_ENTRY_B(4, 2, b_glu, true, false)
+QMV_ENTRY_B(4, 2, b_comb, false, true)
+QMV_ENTRY_B(3, 3, b3, false, false)
+QMV_ENTRY_B(3, 3, b3_glu, true, false)
+QMV_ENTRY_B(3, 3, b3_comb, false, true)
+// Lab: the bulk walk with x quantized four lanes a block (q8_coop), and the loads alone.
+#define QMV_BULK(NAME, DEPTH, MINB, LO, QC)                                                      \
+    extern "C" __global__ void __launch_bounds__(256, MINB)                                    \
+        NAME(const unsigned long long* w_ptrs, unsigned long long w0, int first, int held,     \
+             const int* ids, const bf16* x, int x_div, int rows, int k, int m, int accumulate, \
+             float* out, int glu, bf16* act, const float* cy, const float* cw, int ck) {       \
+        MLA_WEIGHTS_FIRST(); /* qmv_t waits */                                                 \
+        qmv_t<QT_Q4_K, 2, 1, DEPTH, 2, false, LO, false, true, QC>(                            \
+            w_ptrs, w0, first, held, ids, x, x_div, rows, k, m, accumulate, out, glu, act, cy, \
+            cw, ck);                                                                           \
+    }
+QMV_BULK(lab_q4k_r2m1w_bulk4q, 4, 2, false, true)
+QMV_BULK(lab_q4k_r2m1w3_bulk3q, 3, 3, false, true)
+QMV_BULK(lab_q4k_r2m1w_bulk4_loads, 4, 2, true, false)
 QMV_LOADS(lab_q4k_r2m1w_loads, 2, 2)
 QMV_LOADS(lab_q4k_r2m1w3_loads, 1, 3)
 

@@ -133,8 +133,17 @@ pub const NAMES: &[&str] = &[
     "qgemm_reduce",
     "lab_handoff",
     "lab_grid_sync",
+    "qmv_q4_k_r2m1b",
+    "qmv_q4_k_r2m1b_glu",
+    "qmv_q4_k_r2m1b_comb",
+    "qmv_q4_k_r2m1b3",
+    "qmv_q4_k_r2m1b3_glu",
+    "qmv_q4_k_r2m1b3_comb",
     "lab_q4k_r2m1w_loads",
     "lab_q4k_r2m1w3_loads",
+    "lab_q4k_r2m1w_bulk4q",
+    "lab_q4k_r2m1w3_bulk3q",
+    "lab_q4k_r2m1w_bulk4_loads",
 ];
 
 /// NVRTC's name for a compute capability.

@@ -188,6 +188,9 @@ pub struct QmvVariant {
     pub mt: usize,
     pub wide: bool,
     pub ctas: usize,
+    /// Q4_K, one vector, sm_90+: the steps in flight copied into shared memory by
+    /// `cp.async.bulk` (`qmv_q4_k_r2m1b[3]`; [`QmvVariant::BULK`]).
+    pub bulk: bool,
 }
 
 impl QmvVariant {
@@ -216,7 +219,45 @@ impl QmvVariant {
         mt: 1,
         wide: true,
         ctas: 3,
+        bulk: false,
     };
+
+    /// Q4_K at one vector on sm_90+: the `r2m1w` walk (the same lanes sum the same steps:
+    /// the same sums bit for bit) with each warp's four steps in flight copied into its
+    /// shared-memory slots by `cp.async.bulk` instead of loaded into registers, and x
+    /// quantized four lanes a block (`qmv_q4_k_r2m1b`).
+    pub const BULK: QmvVariant = QmvVariant {
+        r: 2,
+        mt: 1,
+        wide: true,
+        ctas: 2,
+        bulk: true,
+    };
+
+    /// The narrowest K [`Gpu::qmv`] takes [`QmvVariant::BULK`] at (`MLASERVE_QMV_BULK=0`:
+    /// never, `=all`: always, for comparisons). Session 16 (bench/cuda/
+    /// qgemv.md): faster than the register walk at K = 7,168 (V3 gate/up 22.1 -> 20.8 µs) and
+    /// 18,432 (V3 down 23.5 -> 22.6), slower at 2,048 (V2-Lite's gate_up 9.2 -> 11.0: a row
+    /// group is one step there, and the copies' round trip through shared memory and its
+    /// barrier costs more than the registers' deeper pipeline gains); 4,096 lies between,
+    /// unmeasured.
+    pub const BULK_MIN_K: usize = 4096;
+
+    /// [`QmvVariant::BULK`] at three CTAs an SM, three slots a warp (`qmv_q4_k_r2m1b3`), taken
+    /// where it deals the row groups out more evenly ([`w3_evener`]).
+    pub const BULK3: QmvVariant = QmvVariant {
+        ctas: 3,
+        ..QmvVariant::BULK
+    };
+
+    /// Steps a warp has in flight in shared memory (bulk kernels; qgemv.cu's QMV_ENTRY_B).
+    fn slots(self) -> usize {
+        match (self.bulk, self.ctas) {
+            (false, _) => 0,
+            (true, 3) => 3,
+            (true, _) => 4,
+        }
+    }
 
     const fn narrow(r: usize, mt: usize) -> Self {
         QmvVariant {
@@ -224,6 +265,7 @@ impl QmvVariant {
             mt,
             wide: false,
             ctas: 2,
+            bulk: false,
         }
     }
 
@@ -233,6 +275,7 @@ impl QmvVariant {
             mt,
             wide: true,
             ctas: 2,
+            bulk: false,
         }
     }
 
@@ -257,6 +300,7 @@ impl QmvVariant {
             mt,
             wide,
             ctas: 2,
+            bulk: false,
         })
     }
 
@@ -267,7 +311,21 @@ impl QmvVariant {
     /// [`Gpu::qmv_glu_variant`]) and a combine twin (`<kernel>_comb`, [`Gpu::qmv_combine`]).
     pub const ONE_VECTOR: [QmvVariant; 2] = [QmvVariant::wide(2, 1), QmvVariant::WIDE3];
 
+    /// The one-vector kernels of `ty` with twins: [`QmvVariant::ONE_VECTOR`], and for Q4_K
+    /// the bulk kernels (sm_90+ only).
+    pub fn one_vector(ty: QType) -> Vec<QmvVariant> {
+        let mut v = QmvVariant::ONE_VECTOR.to_vec();
+        if ty == QType::Q4K {
+            v.extend([QmvVariant::BULK, QmvVariant::BULK3]);
+        }
+        v
+    }
+
     pub fn kernel(self, ty: QType) -> String {
+        if self.bulk {
+            let c = if self.ctas == 3 { "3" } else { "" };
+            return format!("qmv_{}_r2m1b{c}", ty.tag());
+        }
         let w = match (self.wide, self.ctas) {
             (false, _) => "",
             (true, 3) => "w3",
@@ -281,9 +339,11 @@ impl QmvVariant {
         rows.div_ceil(8 * self.r)
     }
 
-    /// Dynamic shared memory for width `k`: x of `mt` vectors as int8, d and d * sum per 32.
+    /// Dynamic shared memory for width `k`: x of `mt` vectors as int8, d and d * sum per 32;
+    /// bulk kernels then 8 warps' slots (2 rows of 8 super-blocks, 2,304 bytes) and their
+    /// 8-byte barriers.
     pub fn smem(self, k: usize) -> usize {
-        self.mt * (k + k / 32 * 8)
+        self.mt * (k + k / 32 * 8) + 8 * self.slots() * (2 * 8 * 144 + 8)
     }
 }
 
@@ -373,6 +433,17 @@ fn glu_allowed() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("MLASERVE_QMV_GLU").map_or(true, |v| v != "0"))
         && narrow_only(QmvVariant::PAIRS) == QmvVariant::PAIRS
+}
+
+/// The narrowest K the bulk kernels run at: [`QmvVariant::BULK_MIN_K`]; `MLASERVE_QMV_BULK=0`
+/// (comparisons, read once): never ([`usize::MAX`]); `=all`: at every K.
+fn bulk_min_k() -> usize {
+    static K: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *K.get_or_init(|| match std::env::var("MLASERVE_QMV_BULK").as_deref() {
+        Ok("0") => usize::MAX,
+        Ok("all") => 0,
+        _ => QmvVariant::BULK_MIN_K,
+    })
 }
 
 /// `MLASERVE_QMV_W3=0` (comparisons, read once): never [`QmvVariant::WIDE3`].
@@ -505,7 +576,7 @@ impl Gpu {
         self.qmv_combine_variant(w, x, out, c, v, None)
     }
 
-    /// [`Gpu::qmv_combine`] on an explicit kernel of [`QmvVariant::ONE_VECTOR`] and an optional
+    /// [`Gpu::qmv_combine`] on an explicit kernel of [`QmvVariant::one_vector`] and an optional
     /// cap on the persistent grid (the op table sweeps these).
     pub fn qmv_combine_variant(
         &self,
@@ -517,10 +588,10 @@ impl Gpu {
         grid_cap: Option<usize>,
     ) -> Result<()> {
         self.qmv_check(w.ty, w.rows, w.cols)?;
-        if !self.combine_fits(w, 1, c.k) || !QmvVariant::ONE_VECTOR.contains(&v) {
+        if !self.combine_fits(w, 1, c.k) || !self.one_vector_runs(w.ty, v) {
             return Err(CudaError::Invalid(format!(
-                "qmv_combine on {v:?} with {} slots (a kernel of QmvVariant::ONE_VECTOR, \
-                 1..=32 slots)",
+                "qmv_combine on {v:?} with {} slots (a kernel of QmvVariant::one_vector that \
+                 runs here, 1..=32 slots)",
                 c.k
             )));
         }
@@ -547,16 +618,25 @@ impl Gpu {
 
     /// The kernel of one vector against `w`: two words a lane, on three CTAs an SM where they
     /// deal the row groups out more evenly ([`w3_evener`]).
+    /// Q4_K on sm_90+ takes the bulk kernels ([`QmvVariant::BULK`]) instead, picked the same way.
     fn qmv_one_vector(&self, w: &QMat) -> Result<QmvVariant> {
         let mut v = narrow_only(QmvVariant::wide(2, 1));
-        if v == QmvVariant::wide(2, 1) && w3_allowed() {
-            let smem = v.smem(w.cols);
+        if v != QmvVariant::wide(2, 1) {
+            return Ok(v);
+        }
+        let bulk = w.ty == QType::Q4K && w.cols >= bulk_min_k() && self.has_clusters();
+        let three = if bulk {
+            v = QmvVariant::BULK;
+            QmvVariant::BULK3
+        } else {
+            QmvVariant::WIDE3
+        };
+        if w3_allowed() {
             let warps = |v: QmvVariant| -> Result<usize> {
-                Ok(8 * self.resident_ctas(&v.kernel(w.ty), smem)?)
+                Ok(8 * self.resident_ctas(&v.kernel(w.ty), v.smem(w.cols))?)
             };
-            let w3 = QmvVariant::WIDE3;
-            if w3_evener(w.rows.div_ceil(2), warps(v)?, warps(w3)?) {
-                v = w3;
+            if w3_evener(w.rows.div_ceil(2), warps(v)?, warps(three)?) {
+                v = three;
             }
         }
         Ok(v)
@@ -584,6 +664,12 @@ impl Gpu {
             return Err(CudaError::Invalid(format!(
                 "qmv kernel {v:?} takes at most {} vectors, got {m}",
                 v.mt
+            )));
+        }
+        if v.bulk && (w.ty != QType::Q4K || !self.has_clusters()) {
+            return Err(CudaError::Invalid(format!(
+                "qmv kernel {v:?}: a bulk kernel takes Q4_K on sm_90+ (got {:?} on {})",
+                w.ty, self.arch
             )));
         }
         self.qmv_launch(
@@ -616,7 +702,7 @@ impl Gpu {
         self.qmv_glu_variant(w, x, row0, act, v, None)
     }
 
-    /// [`Gpu::qmv_glu`] on an explicit kernel of [`QmvVariant::ONE_VECTOR`] and an optional cap on
+    /// [`Gpu::qmv_glu`] on an explicit kernel of [`QmvVariant::one_vector`] and an optional cap on
     /// the persistent grid (the op table sweeps these).
     pub fn qmv_glu_variant(
         &self,
@@ -628,10 +714,11 @@ impl Gpu {
         grid_cap: Option<usize>,
     ) -> Result<()> {
         self.qmv_check(w.ty, w.rows, w.cols)?;
-        if w.rows % 2 != 0 || !glu_allowed() || !QmvVariant::ONE_VECTOR.contains(&v) {
+        if w.rows % 2 != 0 || !glu_allowed() || !self.one_vector_runs(w.ty, v) {
             return Err(CudaError::Invalid(format!(
                 "qmv_glu: a gate|up of {} rows on {v:?} (even rows, a kernel of \
-                 QmvVariant::ONE_VECTOR, MLASERVE_QMV_GLU and MLASERVE_QMV_WIDE on)",
+                 QmvVariant::one_vector that runs here, MLASERVE_QMV_GLU and MLASERVE_QMV_WIDE \
+                 on)",
                 w.rows
             )));
         }
@@ -673,6 +760,52 @@ impl Gpu {
     ) -> Result<()> {
         self.qmv_check(w.ty, w.rows, w.cols)?;
         self.qmv_launch(name, w, x, 0, 1, out, false, v, grid_cap, Epilogue::Plain)
+    }
+
+    /// A bulk-copy lab kernel of `qgemv.cu` (`lab_q4k_*_bulk<depth>`: Q4_K, one vector, the
+    /// `r2m1w` walk with each warp's `depth` steps in flight copied into shared memory by
+    /// `cp.async.bulk`) on `w`, on the persistent grid. sm_90+; examples/qgemv.rs only.
+    pub fn qmv_lab_bulk(&self, name: &str, w: &QMat, x: u64, out: u64, depth: usize) -> Result<()> {
+        self.qmv_check(w.ty, w.rows, w.cols)?;
+        if w.ty != QType::Q4K || !self.has_clusters() {
+            return Err(CudaError::Invalid(format!(
+                "{name}: a Q4_K matrix on sm_90+ (got {:?} on {})",
+                w.ty, self.arch
+            )));
+        }
+        // x, then 8 warps x depth slots of 2 rows x 8 super-blocks, then their barriers
+        let smem = QmvVariant::wide(2, 1).smem(w.cols) + 8 * depth * (2 * 8 * 144 + 8);
+        if smem > self.max_smem_per_block {
+            return Err(CudaError::Invalid(format!(
+                "{name} over width {}: {smem} bytes of shared memory",
+                w.cols
+            )));
+        }
+        let grid = w
+            .rows
+            .div_ceil(16)
+            .min(self.resident_ctas(name, smem)?)
+            .max(1);
+        let cfg = LaunchConfig {
+            grid_dim: (grid as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let (rows, k, null, zero, w0) = (w.rows as i32, w.cols as i32, 0u64, 0i32, w.w.ptr());
+        self.launch(
+            name,
+            cfg,
+            &args![
+                null, w0, zero, zero, null, x, zero, rows, k, 1i32, zero, out, zero, null, null,
+                null, zero
+            ],
+        )
+    }
+
+    /// Whether `v` is a one-vector kernel with twins for `ty` that runs here (the bulk ones
+    /// need sm_90's copies).
+    pub fn one_vector_runs(&self, ty: QType, v: QmvVariant) -> bool {
+        QmvVariant::one_vector(ty).contains(&v) && (!v.bulk || self.has_clusters())
     }
 
     /// [`even_grid`] for `w` on kernel `v` (the lab's even-grid runs).
@@ -974,6 +1107,33 @@ impl Gpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bulk_kernels_and_twins_are_instantiated_with_their_slots() {
+        for v in [QmvVariant::BULK, QmvVariant::BULK3] {
+            let name = v.kernel(QType::Q4K);
+            let suf = name.strip_prefix("qmv_q4_k_r2m1").unwrap();
+            for (twin, glu, comb) in [
+                ("", false, false),
+                ("_glu", true, false),
+                ("_comb", false, true),
+            ] {
+                let n = format!("{name}{twin}");
+                assert!(crate::kernels::NAMES.contains(&n.as_str()), "{n}");
+                let want = format!(
+                    "QMV_ENTRY_B({}, {}, {suf}{twin}, {glu}, {comb})",
+                    v.slots(),
+                    v.ctas
+                );
+                assert!(
+                    crate::kernels::SOURCE.lines().any(|l| l == want),
+                    "{want} not instantiated"
+                );
+            }
+        }
+        assert!(QmvVariant::one_vector(QType::Q4K).contains(&QmvVariant::BULK));
+        assert!(!QmvVariant::one_vector(QType::Q8_0).iter().any(|v| v.bulk));
+    }
 
     #[test]
     fn every_variant_is_a_loaded_kernel() {

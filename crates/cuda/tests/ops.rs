@@ -2498,7 +2498,10 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             let name = format!("{} k{kk} vs moe_combine_pairs+qmv", shape(1));
             rep.check("qmv_combine", name, "q*i8>f32", mism as f64, 0.0);
             // both kernels with a twin, on full and capped grids (a warp walks many groups)
-            for v in QmvVariant::ONE_VECTOR {
+            for v in QmvVariant::one_vector(ty) {
+                if !gpu.one_vector_runs(ty, v) {
+                    continue; // a bulk kernel before sm_90
+                }
                 for cap in [None, Some(1), Some(3)] {
                     gpu.write(&got, 0, &base).unwrap();
                     gpu.qmv_combine_variant(&wd, xb.ptr(), got.ptr(), c, v, cap)
@@ -2527,8 +2530,35 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         };
         // The GEMV: every variant with mt and mt - 1 vectors from vector 0, and one vector at
         // vector 5 with a capped persistent grid (each warp walks many row groups).
+        // The bulk kernels (Q4_K, sm_90): the register walk's sums bit for bit, at vectors 0
+        // and 5, on full and capped grids (a warp walks many row groups through its slots).
+        for v in [QmvVariant::BULK, QmvVariant::BULK3] {
+            if !gpu.one_vector_runs(ty, v) {
+                continue;
+            }
+            for (row, cap) in [(0usize, None), (5, Some(1usize)), (5, Some(7))] {
+                let (want, got) = (poisoned::<f32>(gpu, rows), poisoned::<f32>(gpu, rows));
+                let reg = QmvVariant::for_m(ty, 1).unwrap();
+                gpu.qmv_variant(&wd, xb.ptr(), row, 1, want.ptr(), false, reg, cap)
+                    .unwrap();
+                gpu.qmv_variant(&wd, xb.ptr(), row, 1, got.ptr(), false, v, cap)
+                    .unwrap();
+                let (a, b) = (gpu.to_host(&want).unwrap(), gpu.to_host(&got).unwrap());
+                let mism = a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits());
+                let name = format!(
+                    "{} x{row} cap{cap:?} {} vs {}",
+                    shape(1),
+                    v.kernel(ty),
+                    reg.kernel(ty)
+                );
+                rep.check("qmv bulk", name, "q*i8>f32", mism.count() as f64, 0.0);
+            }
+        }
         if sweep {
-            for v in QmvVariant::ALL {
+            let bulk = [QmvVariant::BULK, QmvVariant::BULK3]
+                .into_iter()
+                .filter(|&v| gpu.one_vector_runs(ty, v));
+            for v in QmvVariant::ALL.into_iter().chain(bulk) {
                 let mut cases = vec![(0usize, v.mt, None), (5, 1, Some(1usize)), (5, 1, Some(7))];
                 if v.mt > 1 {
                     cases.push((0, v.mt - 1, None));
@@ -2628,7 +2658,10 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 let mism = bits(&gpu.to_host(&got).unwrap(), &want);
                 let name = format!("{} x{row} vs qmv+silu_mul", shape(1));
                 rep.check("qmv_glu", name, "q*i8>bf16", mism as f64, 0.0);
-                for v in QmvVariant::ONE_VECTOR {
+                for v in QmvVariant::one_vector(ty) {
+                    if !gpu.one_vector_runs(ty, v) {
+                        continue;
+                    }
                     for cap in [None, Some(1), Some(3)] {
                         let got = poisoned::<u16>(gpu, f);
                         gpu.qmv_glu_variant(&wd, xb.ptr(), row, got.ptr(), v, cap)

@@ -515,28 +515,23 @@ fn lab_q4k(
     gpu.qmv_variant(&qs[0], x, 0, 1, want.ptr(), false, v, None)?;
     let want = gpu.to_host(&want)?;
     // (kernel, slots; 0: the engine's kernel of that name, through qmv_variant)
-    // (kernel, slots; 0: the engine's kernel of that name through qmv_variant, on the full
-    // grid, or on the even one for "... even")
-    for (name, depth) in [
-        ("qmv_q4_k_r2m1b", 0),
-        ("qmv_q4_k_r2m1b even", 0),
-        ("qmv_q4_k_r2m1b3", 0),
-        ("lab_q4k_r2m1w_bulk4q", 4),
-        ("lab_q4k_r2m1w3_bulk3q", 3),
-        ("lab_q4k_r2m1w_bulk4_loads", 4),
+    // (kernel, the engine's kernel its slots and CTAs are; "... even": on the even grid)
+    let (b2, b3) = (QmvVariant::BULK, QmvVariant::BULK3);
+    for (name, v) in [
+        ("qmv_q4_k_r2m1b", b2),
+        ("qmv_q4_k_r2m1b even", b2),
+        ("qmv_q4_k_r2m1b3", b3),
+        ("lab_q4k_r2m1w_bulk4q", b2),
+        ("lab_q4k_r2m1w3_bulk3q", b3),
+        ("lab_q4k_r2m1w_bulk4_loads", b2),
     ] {
         let kernel = name.trim_end_matches(" even");
-        let engine = [QmvVariant::BULK, QmvVariant::BULK3]
-            .into_iter()
-            .find(|v| v.kernel(QType::Q4K) == kernel);
-        let cap = match engine {
-            Some(v) if name.ends_with(" even") => Some(gpu.qmv_even_grid(&qs[0], v)?),
-            _ => None,
+        let cap = if name.ends_with(" even") {
+            Some(gpu.qmv_even_grid(&qs[0], v)?)
+        } else {
+            None
         };
-        let run = |i: usize, out: u64| match engine {
-            Some(v) => gpu.qmv_variant(&qs[i % n], x, 0, 1, out, false, v, cap),
-            None => gpu.qmv_lab_bulk(name, &qs[i % n], x, out, depth),
-        };
+        let run = |i: usize, out: u64| gpu.qmv_lab(kernel, &qs[i % n], x, out, v, cap);
         let loads = name.ends_with("_loads");
         if !loads {
             let got = gpu.alloc_filled::<f32>(rows, 0xff)?;

@@ -221,7 +221,7 @@ __device__ __forceinline__ void q4k_pair(uint4 hd, int h, float& d0, float& d1, 
     m1 = dm * (byte_f(mn, 1) - 8388608.f);
 }
 
-// The bulk walk's (BULK, lab) copies: an mbarrier a slot, one arrival (the issuing lane's)
+// The bulk walk's (BULK) copies: an mbarrier a slot, one arrival (the issuing lane's)
 // and the bytes of the step's copies as its transaction count.
 __device__ __forceinline__ void qmv_bar_init(unsigned long long* bar, int n) {
 #if __CUDA_ARCH__ >= 900
@@ -385,7 +385,7 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     };
     rows_of(lg);
     // Requests the load cursor's step into st (nothing past the last group) and advances.
-    // BULK (lab): a warp's DEPTH steps in flight are copies into its shared-memory slots
+    // BULK: a warp's DEPTH steps in flight are copies into its shared-memory slots
     // (cp.async.bulk, one lane, an mbarrier a slot) instead of registers; a slot holds the
     // step's SPS super-blocks of each of the R rows, contiguous in memory.
     static_assert(!BULK || (TY == QT_Q4_K && NQ == 2), "the bulk walk copies Q4_K steps");

@@ -224,8 +224,8 @@ impl QmvVariant {
 
     /// Q4_K at one vector on sm_90+: the `r2m1w` walk (the same lanes sum the same steps:
     /// the same sums bit for bit) with each warp's four steps in flight copied into its
-    /// shared-memory slots by `cp.async.bulk` instead of loaded into registers, and x
-    /// quantized four lanes a block (`qmv_q4_k_r2m1b`).
+    /// shared-memory slots by `cp.async.bulk` instead of loaded into registers
+    /// (`qmv_q4_k_r2m1b`).
     pub const BULK: QmvVariant = QmvVariant {
         r: 2,
         mt: 1,
@@ -666,12 +666,6 @@ impl Gpu {
                 v.mt
             )));
         }
-        if v.bulk && (w.ty != QType::Q4K || !self.has_clusters()) {
-            return Err(CudaError::Invalid(format!(
-                "qmv kernel {v:?}: a bulk kernel takes Q4_K on sm_90+ (got {:?} on {})",
-                w.ty, self.arch
-            )));
-        }
         self.qmv_launch(
             &v.kernel(w.ty),
             w,
@@ -746,7 +740,8 @@ impl Gpu {
         Ok(true)
     }
 
-    /// A lab kernel of `qgemv.cu` (`lab_q4k_*`: Q4_K, one vector, shaped as `v`) on `w`, or
+    /// A lab kernel of `qgemv.cu` (`lab_q4k_*`: Q4_K, one vector, shaped as `v`: a bulk lab
+    /// kernel as [`QmvVariant::BULK`] or [`QmvVariant::BULK3`], its slots) on `w`, or
     /// any `qmv_*` kernel by name. examples/qgemv.rs only.
     #[allow(clippy::too_many_arguments)]
     pub fn qmv_lab(
@@ -760,46 +755,6 @@ impl Gpu {
     ) -> Result<()> {
         self.qmv_check(w.ty, w.rows, w.cols)?;
         self.qmv_launch(name, w, x, 0, 1, out, false, v, grid_cap, Epilogue::Plain)
-    }
-
-    /// A bulk-copy lab kernel of `qgemv.cu` (`lab_q4k_*_bulk<depth>`: Q4_K, one vector, the
-    /// `r2m1w` walk with each warp's `depth` steps in flight copied into shared memory by
-    /// `cp.async.bulk`) on `w`, on the persistent grid. sm_90+; examples/qgemv.rs only.
-    pub fn qmv_lab_bulk(&self, name: &str, w: &QMat, x: u64, out: u64, depth: usize) -> Result<()> {
-        self.qmv_check(w.ty, w.rows, w.cols)?;
-        if w.ty != QType::Q4K || !self.has_clusters() {
-            return Err(CudaError::Invalid(format!(
-                "{name}: a Q4_K matrix on sm_90+ (got {:?} on {})",
-                w.ty, self.arch
-            )));
-        }
-        // x, then 8 warps x depth slots of 2 rows x 8 super-blocks, then their barriers
-        let smem = QmvVariant::wide(2, 1).smem(w.cols) + 8 * depth * (2 * 8 * 144 + 8);
-        if smem > self.max_smem_per_block {
-            return Err(CudaError::Invalid(format!(
-                "{name} over width {}: {smem} bytes of shared memory",
-                w.cols
-            )));
-        }
-        let grid = w
-            .rows
-            .div_ceil(16)
-            .min(self.resident_ctas(name, smem)?)
-            .max(1);
-        let cfg = LaunchConfig {
-            grid_dim: (grid as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: smem as u32,
-        };
-        let (rows, k, null, zero, w0) = (w.rows as i32, w.cols as i32, 0u64, 0i32, w.w.ptr());
-        self.launch(
-            name,
-            cfg,
-            &args![
-                null, w0, zero, zero, null, x, zero, rows, k, 1i32, zero, out, zero, null, null,
-                null, zero
-            ],
-        )
     }
 
     /// Whether `v` is a one-vector kernel with twins for `ty` that runs here (the bulk ones
@@ -837,6 +792,12 @@ impl Gpu {
             return Err(CudaError::Invalid(format!(
                 "qmv over a {:?} [{} x {}] without device memory",
                 w.ty, w.rows, w.cols
+            )));
+        }
+        if v.bulk && (w.ty != QType::Q4K || !self.has_clusters()) {
+            return Err(CudaError::Invalid(format!(
+                "{name}: a bulk kernel takes Q4_K on sm_90+ (got {:?} on {})",
+                w.ty, self.arch
             )));
         }
         let smem = v.smem(w.cols);

@@ -24,6 +24,7 @@ use crate::flash_attn::FaVariant;
 use crate::gemv::{gemv_fits, GemvMat, GemvX};
 use crate::gpu::{DBuf, Gpu};
 use crate::graphs::{DecodeGraph, GraphKey, Graphs};
+use crate::mla_cluster::ClusterAttn;
 use crate::mla_decode::Early;
 use crate::nccl::NcclComm;
 use crate::ops::{AttnDims, Gemm, GemmType, KeyLists, KvFinish};
@@ -1150,6 +1151,37 @@ impl CudaExecutor {
         let qk = p + r;
         let layer_cache = cache.latent.at(li * cache.slots() * (l + r));
         let fused = absorb_fused(dims);
+        // One token a sequence with its latent rows still to finish (the executor's
+        // `kv_in_absorb`): the whole chain in one launch where the cluster kernel is picked.
+        if let QIn::Unrotated {
+            cos,
+            sin,
+            kv: Some(ref f),
+        } = *qin
+        {
+            if fused && gpu.mla_attn_cluster_picked(dims, max_keys) {
+                let (out, out_bf16, beta) = match out {
+                    AttnOut::F32 { ptr, beta } => (ptr, false, beta),
+                    AttnOut::Bf16(ptr) => (ptr, true, 0.0),
+                };
+                let a = ClusterAttn {
+                    q,
+                    cos,
+                    sin,
+                    kv: f,
+                    w_uk_t: w.w_uk_t.w.ptr(),
+                    w_uv: w.w_uv.w.ptr(),
+                    keys,
+                    block_tables,
+                    bt_off,
+                    block_size: bs,
+                    out,
+                    out_bf16,
+                    beta,
+                };
+                return gpu.mla_attn_cluster(dims, &a);
+            }
+        }
         let q_lat = gpu.alloc::<f32>(t * n * l)?;
         match *qin {
             QIn::Unrotated { cos, sin, ref kv } if fused => gpu.mla_q_absorb(

@@ -619,7 +619,22 @@ impl Gpu {
     /// sm_90+ and at least one such cluster schedulable at once (`cuOccupancyMaxActiveClusters`;
     /// a MIG or MPS partition may allow none). Asked once per (kernel, size).
     pub fn clusters_fit(&self, name: &'static str, cluster: u32, block: u32) -> bool {
-        if !self.has_clusters() || cluster == 0 {
+        self.clusters_fit_smem(name, cluster, block, 0)
+    }
+
+    /// [`Gpu::clusters_fit`] for blocks of `smem` bytes of dynamic shared memory (raised for
+    /// the kernel first, [`Gpu::raise_smem`]).
+    pub fn clusters_fit_smem(
+        &self,
+        name: &'static str,
+        cluster: u32,
+        block: u32,
+        smem: usize,
+    ) -> bool {
+        if !self.has_clusters()
+            || cluster == 0
+            || (smem > 0 && self.raise_smem(name, smem).is_err())
+        {
             return false;
         }
         let mut known = self.clusters_ok.lock().unwrap_or_else(|e| e.into_inner());
@@ -639,6 +654,7 @@ impl Gpu {
                 let mut lc: cu::CUlaunchConfig = std::mem::zeroed();
                 (lc.gridDimX, lc.gridDimY, lc.gridDimZ) = (cluster, 1, 1);
                 (lc.blockDimX, lc.blockDimY, lc.blockDimZ) = (block, 1, 1);
+                lc.sharedMemBytes = smem as u32;
                 lc.hStream = self.stream.cu_stream();
                 lc.attrs = &mut attr;
                 lc.numAttrs = 1;

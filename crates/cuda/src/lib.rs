@@ -16,6 +16,7 @@ pub mod gemv;
 pub mod gpu;
 mod graphs;
 pub mod kernels;
+pub mod mla_cluster;
 pub mod mla_decode;
 pub mod moe_grouped;
 pub mod nccl;

@@ -1072,6 +1072,31 @@ fn attention(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
 /// whatever its arithmetic, gave the same 3.94e-3 on one case in session 5: output rounding).
 /// Plus the fallback of `attn_mqa_tc` to the CUDA-core kernel for another latent width, at
 /// attn_mqa's bound.
+/// Per query at position `positions[i]`: dense causal keys 0..=pos, or (`topk`) the top-k of
+/// random scores, ascending. Returns sel_off [T] (-1 dense), sel_pos and the lists.
+fn key_lists(
+    rng: &mut Rng,
+    positions: &[usize],
+    topk: Option<usize>,
+) -> (Vec<i32>, Vec<i32>, Vec<Vec<usize>>) {
+    let mut sel_off = vec![-1i32; positions.len()];
+    let mut sel_pos = vec![0i32];
+    let mut lists = Vec::new();
+    for (i, &pos) in positions.iter().enumerate() {
+        let keys: Vec<usize> = match topk {
+            Some(k) => {
+                let keys = top_k(&rng.vec(pos + 1, 1.0), k);
+                sel_off[i] = sel_pos.len() as i32;
+                sel_pos.extend(keys.iter().map(|&x| x as i32));
+                keys
+            }
+            None => (0..=pos).collect(),
+        };
+        lists.push(keys);
+    }
+    (sel_off, sel_pos, lists)
+}
+
 fn attention_tc(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     use mlaserve_cuda::mla_decode::{Early, MlaVariant};
     // (heads, query positions, splits, top-k, block size)
@@ -1095,21 +1120,7 @@ fn attention_tc(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         let paged = Paged::new(rng, positions.iter().max().unwrap() + 1, bs, w);
         let q_lat = rng.vec(t * heads * l, 1.0);
         let q = rng.vec(t * heads * (p + r), 1.0);
-        let mut sel_off = vec![-1i32; t];
-        let mut sel_pos = vec![0i32];
-        let mut lists: Vec<Vec<usize>> = Vec::new();
-        for (i, &pos) in positions.iter().enumerate() {
-            let keys: Vec<usize> = match topk {
-                Some(k) => {
-                    let keys = top_k(&rng.vec(pos + 1, 1.0), k);
-                    sel_off[i] = sel_pos.len() as i32;
-                    sel_pos.extend(keys.iter().map(|&x| x as i32));
-                    keys
-                }
-                None => (0..=pos).collect(),
-            };
-            lists.push(keys);
-        }
+        let (sel_off, sel_pos, lists) = key_lists(rng, positions, topk);
         let n_keys: Vec<i32> = lists.iter().map(|k| k.len() as i32).collect();
         let d = |v: &[i32]| gpu.upload(v).unwrap();
         let (nk, so, sp) = (d(&n_keys), d(&sel_off), d(&sel_pos));
@@ -1331,6 +1342,7 @@ fn op_table_against_cpu() {
     attention(&gpu, &mut rng, &mut rep);
     attention_tc(&gpu, &mut rng, &mut rep);
     absorb(&gpu, &mut rng, &mut rep);
+    attn_cluster(&gpu, &mut rng, &mut rep);
     moe(&gpu, &mut rng, &mut rep);
     moe_grouped(&gpu, &mut rng, &mut rep);
     quantized(&gpu, &mut rng, &mut rep);
@@ -1638,6 +1650,233 @@ fn absorb(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
 
 /// The routing part of a MoE config for the routing tests (one shared expert, intermediate 8,
 /// routed scaling 2.5).
+/// The absorbed attention of a one-token-a-sequence step in one cluster launch
+/// (`mla_attn_cl`) against the CPU: each token's latent row finished as kv_finish finishes it
+/// (the cache against kv_finish's launch bit for bit: the new rows written, no other row
+/// touched; the new rows NaN-poisoned in the cache the kernel reads), q_lat = W_UK_T ·
+/// bf16(q_nope) and W_UV · bf16(o_lat) in f64, the attention by the CPU's `attend` over the
+/// finished rows. Dense and DSA-selected lists, one and several 80-key chunks a block, empty
+/// blocks (fewer keys than 8), V2-Lite's and GLM-5's head shapes, bf16 and f32 (beta) output.
+fn attn_cluster(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
+    use mlaserve_cuda::mla_cluster::ClusterAttn;
+    use mlaserve_cuda::ops::KvFinish;
+    // (heads, P, V, query positions, top-k, block size, bf16 out, beta)
+    type Case = (
+        usize,
+        usize,
+        usize,
+        &'static [usize],
+        Option<usize>,
+        usize,
+        bool,
+        f32,
+    );
+    let cases: &[Case] = &[
+        (16, 128, 128, &[512], None, 16, true, 0.0),
+        (16, 128, 128, &[100, 700], None, 64, false, 0.5),
+        (4, 128, 128, &[0, 5, 1300], None, 16, false, 0.0),
+        (2, 192, 256, &[300], None, 16, true, 0.0),
+        (4, 128, 128, &[90, 400], Some(64), 16, true, 0.0),
+    ];
+    let (l, r, scale, eps) = (512usize, 64usize, 0.07f32, 1e-6f32);
+    let w = l + r;
+    for &(heads, p, v, positions, topk, bs, out_bf16, beta) in cases {
+        let t = positions.len();
+        let dims = AttnDims {
+            t,
+            heads,
+            p,
+            r,
+            v,
+            l,
+            scale,
+        };
+        if !gpu.mla_attn_cluster_fits(&dims) {
+            println!("SKIPPED mla_attn_cl on {}: no clusters of 8", gpu.arch);
+            return;
+        }
+        let qk = p + r;
+        // One sequence a token: token i's blocks are table[bt_off[i]..], so no token's list
+        // holds another's new row (the kernel's contract).
+        let blocks: Vec<usize> = positions.iter().map(|&x| (x + 1).div_ceil(bs)).collect();
+        let bt_offs: Vec<usize> = (0..t).map(|i| blocks[..i].iter().sum()).collect();
+        let paged = Paged::new(rng, blocks.iter().sum::<usize>() * bs, bs, w);
+        let slot_of = |i: usize, x: usize| paged.slot(bt_offs[i] * bs + x);
+        let slots: Vec<i64> = (0..t).map(|i| slot_of(i, positions[i]) as i64).collect();
+        let q = rng.vec(t * heads * qk, 1.0);
+        let kv0 = rng.vec(t * w, 1.0);
+        let gamma = rng.vec(l, 1.0);
+        let (cos, sin): (Vec<f32>, Vec<f32>) = (0..t * r / 2)
+            .map(|i| ((i as f32 * 0.29).cos(), (i as f32 * 0.29).sin()))
+            .unzip();
+        let w_uk = round_bf(&rng.vec(heads * l * p, 0.1));
+        let w_uv = round_bf(&rng.vec(heads * v * l, 0.1));
+        let up = |x: &[f32]| {
+            gpu.upload(&x.iter().map(|&v| bf(v)).collect::<Vec<_>>())
+                .unwrap()
+        };
+        let (cd, sd, gd, sld) = (
+            gpu.upload(&cos).unwrap(),
+            gpu.upload(&sin).unwrap(),
+            gpu.upload(&gamma).unwrap(),
+            gpu.upload(&slots).unwrap(),
+        );
+        // The cache as kv_finish leaves it (the reference rows), and the one the kernel reads:
+        // the new rows poisoned.
+        let cache_want = {
+            let (kvd, cached) = (gpu.upload(&kv0).unwrap(), gpu.upload(&paged.cache).unwrap());
+            gpu.kv_finish(
+                t,
+                kvd.ptr(),
+                w,
+                gd.ptr(),
+                l,
+                r,
+                eps,
+                cd.ptr(),
+                sd.ptr(),
+                sld.ptr(),
+                cached.ptr(),
+            )
+            .unwrap();
+            gpu.to_host(&cached).unwrap()
+        };
+        let mut stale = paged.cache.clone();
+        for &sl in &slots {
+            stale[sl as usize * w..(sl as usize + 1) * w].fill(0xffff);
+        }
+        let row = |i: usize, pos: usize| -> Vec<f32> {
+            let sl = slot_of(i, pos);
+            cache_want[sl * w..(sl + 1) * w]
+                .iter()
+                .map(|&b| unbf(b))
+                .collect()
+        };
+        // Key lists: dense causal, or top-k of random scores (the own position not always in).
+        let (sel_off, sel_pos, lists) = key_lists(rng, positions, topk);
+        // The reference.
+        let mut want = vec![0f32; t * heads * v];
+        let mut scratch = Vec::new();
+        let mut o_lat = vec![0f32; l];
+        for i in 0..t {
+            let rows: Vec<Vec<f32>> = lists[i].iter().map(|&k| row(i, k)).collect();
+            let local: Vec<usize> = (0..rows.len()).collect();
+            for h in 0..heads {
+                let qh = &q[(i * heads + h) * qk..][..qk];
+                let qn = round_bf(&qh[..p]);
+                let q_lat: Vec<f32> = (0..l)
+                    .map(|c| {
+                        let wr = &w_uk[(h * l + c) * p..][..p];
+                        wr.iter()
+                            .zip(&qn)
+                            .map(|(&a, &b)| a as f64 * b as f64)
+                            .sum::<f64>() as f32
+                    })
+                    .collect();
+                let q_pe: Vec<f32> = (0..r)
+                    .map(|j| {
+                        let (c, s) = (cos[i * r / 2 + j / 2], sin[i * r / 2 + j / 2]);
+                        let (x0, x1) = (qh[p + j / 2 * 2], qh[p + j / 2 * 2 + 1]);
+                        if j % 2 == 0 {
+                            x0 * c - x1 * s
+                        } else {
+                            x0 * s + x1 * c
+                        }
+                    })
+                    .collect();
+                attend(
+                    &local,
+                    |j| (&rows[j][..l], &rows[j][l..], &rows[j][..l]),
+                    &q_lat,
+                    &q_pe,
+                    scale,
+                    &mut scratch,
+                    &mut o_lat,
+                );
+                let ob = round_bf(&o_lat);
+                for vr in 0..v {
+                    let wr = &w_uv[(h * v + vr) * l..][..l];
+                    let d: f64 = wr.iter().zip(&ob).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    want[(i * heads + h) * v + vr] = d as f32;
+                }
+            }
+        }
+        let prior = rng.vec(t * heads * v, 1.0);
+        if !out_bf16 {
+            for (wv, &pv) in want.iter_mut().zip(&prior) {
+                *wv += beta * pv;
+            }
+        }
+        let n_keys: Vec<i32> = lists.iter().map(|k| k.len() as i32).collect();
+        let d = |x: &[i32]| gpu.upload(x).unwrap();
+        let (nk, so, sp) = (d(&n_keys), d(&sel_off), d(&sel_pos));
+        let bt_off_i: Vec<i32> = bt_offs.iter().map(|&o| o as i32).collect();
+        let (bt_off, tables) = (d(&bt_off_i), d(&paged.table));
+        let cache = gpu.upload(&stale).unwrap();
+        let (qd, kvd, wkd, wvd) = (
+            gpu.upload(&q).unwrap(),
+            gpu.upload(&kv0).unwrap(),
+            up(&w_uk),
+            up(&w_uv),
+        );
+        let kv = KvFinish {
+            kv: kvd.ptr(),
+            ks: w,
+            w: gd.ptr(),
+            eps,
+            slots: sld.ptr(),
+            cache: cache.ptr(),
+        };
+        let keys = KeyLists {
+            n_keys: nk.ptr(),
+            sel_off: so.ptr(),
+            sel_pos: sp.ptr(),
+        };
+        let out_b = poisoned::<u16>(gpu, t * heads * v);
+        let out_f = gpu.upload(&prior).unwrap();
+        let a = ClusterAttn {
+            q: qd.ptr(),
+            cos: cd.ptr(),
+            sin: sd.ptr(),
+            kv: &kv,
+            w_uk_t: wkd.ptr(),
+            w_uv: wvd.ptr(),
+            keys: &keys,
+            block_tables: tables.ptr(),
+            bt_off: bt_off.ptr(),
+            block_size: bs,
+            out: if out_bf16 { out_b.ptr() } else { out_f.ptr() },
+            out_bf16,
+            beta,
+        };
+        gpu.mla_attn_cluster(&dims, &a).unwrap();
+        let got: Vec<f32> = match out_bf16 {
+            true => gpu
+                .to_host(&out_b)
+                .unwrap()
+                .iter()
+                .map(|&b| unbf(b))
+                .collect(),
+            false => gpu.to_host(&out_f).unwrap(),
+        };
+        let shape = format!(
+            "T{t} N{heads} P{p} V{v} keys{n_keys:?} bs{bs}{}{}",
+            topk.map(|k| format!(" topk{k}")).unwrap_or_default(),
+            if out_bf16 { " bf16" } else { " f32" }
+        );
+        rep.check(
+            "mla_attn_cl",
+            shape.clone(),
+            "bf16 cache",
+            rel_err(&got, &want),
+            1.0 / 256.0,
+        );
+        let gc = gpu.to_host(&cache).unwrap();
+        let mism = gc.iter().zip(&cache_want).filter(|(x, y)| x != y).count();
+        rep.check("mla_attn_cl cache", shape, "bf16", mism as f64, 0.0);
+    }
+}
+
 fn route_cfg_moe(
     e: usize,
     k: usize,

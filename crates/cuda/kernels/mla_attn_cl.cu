@@ -6,8 +6,9 @@
 //                                           [64r, 64r + 64) and stores them into every block
 //                                           of the cluster (distributed shared memory);
 //   scores, softmax, O_r = sum_j p_j c_j    block r over its eighth of the token's key list
-//                                           (cache rows copied into shared memory, all but the
-//                                           token's own row before the PDL wait);
+//                                           (cache rows copied into shared memory 80 at a
+//                                           time, the first 80 but the token's own row
+//                                           before the PDL wait);
 //   o_lat = LSE merge of the 8 partials     block r merges latent columns [64r, 64r + 64)
 //                                           reading the other blocks' partials remotely;
 //   out = W_UV[h] . bf16(o_lat)             block r's 64 columns of every output row, the 8
@@ -28,7 +29,7 @@
 // Shapes: q [T, N * (P + 64)] f32 (q_pe unrotated), cos/sin [T, 32], kv [T, ks] f32 with the
 // row [512 | 64], kv_w [512], slots [T] i64, cache [slots, 576] bf16, w_uk_t [N, 512, P] and
 // w_uv [N, V, 512] bf16; key lists as attn_mqa (n_keys, sel_off, sel_pos; the token's own
-// position among its keys, no other token's new row among them); out [T, N * V].
+// position among its keys or not, no other token's new row among them); out [T, N * V].
 // grid (T * N * 8), cluster (8, 1, 1), block 256, dynamic shared memory sizeof(MacSmem).
 // P % 8 == 0, P <= 256, V % 32 == 0, V <= 256. sm_90 (clusters); traps elsewhere.
 
@@ -58,6 +59,8 @@ struct MacSmem {
     float ol[MAC_LS];                 // bf16(o_lat) of this block's columns, as f32
     float red[32];
 };
+// mla_cluster.rs's SMEM: a launch with less traps (a sticky context error), so keep the two equal.
+static_assert(sizeof(MacSmem) == 101072, "mla_cluster.rs SMEM must be sizeof(MacSmem)");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ unsigned mac_remote(const void* p, unsigned block) {
@@ -278,7 +281,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
             for (int i = tid; i < MAC_W / 8; i += blockDim.x)
                 *(uint4*)&S.keys[S.newj][i * 8] = *(const uint4*)&S.newrow[i * 8];
         __syncthreads();
-        // Scores: warp w keys w, w + 16, ..., four at a time.
+        // Scores: warp w keys w, w + 8, w + 16, w + 24, then 32 further on.
         for (int j0 = warp; j0 < n; j0 += 4 * MAC_WARPS) {
             float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll

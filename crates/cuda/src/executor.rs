@@ -503,7 +503,21 @@ impl CudaExecutor {
             .gpu
             .mqa_tc_splits(t, heads, h.dense.max_mqa(), MQA_MAX_SPLITS)
             .ok()?;
-        let key = GraphKey { tokens: t, splits };
+        let dims = AttnDims {
+            t,
+            heads,
+            p: cfg.qk_nope_head_dim,
+            r: cfg.qk_rope_head_dim,
+            v: cfg.v_head_dim,
+            l: cfg.kv_lora_rank,
+            scale: cfg.softmax_scale(),
+        };
+        let cluster_attn = self.gpu.mla_attn_cluster_picked(&dims, h.dense.max_mqa());
+        let key = GraphKey {
+            tokens: t,
+            splits,
+            cluster_attn,
+        };
         (!self.graphs.refused(&key)).then_some(key)
     }
 
@@ -851,7 +865,7 @@ impl CudaExecutor {
         // takes the fused absorbed path over the dense key lists (no indexer), no probe reads
         // the rows before it and every sequence brings one token (the decode then defers only
         // each token's own new row: Early::TileButNew; a forced-MQA prefill chunk would have
-        // others in its lists), inside the fused W_UK launch (`kv_in_absorb`).
+        // others in its lists), inside the fused W_UK launch or `mla_attn_cl` (`kv_in_absorb`).
         let layer_cache = cache.latent.at(li * cache.slots() * lw);
         let kv_in_absorb = kv_finish_fused()
             && decode_only

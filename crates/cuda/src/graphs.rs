@@ -31,6 +31,9 @@ pub const MAX_GRAPHS: usize = 64;
 pub(crate) struct GraphKey {
     pub tokens: usize,
     pub splits: usize,
+    /// Whether the step's attention is `mla_attn_cl` (its rule reads the key count, which
+    /// `splits` does not pin down: 16 splits from 961 keys up at b1).
+    pub cluster_attn: bool,
 }
 
 /// One captured decode step.

@@ -4,6 +4,7 @@ order of crates/cuda/src/kernels.rs), on a machine without a GPU: catches compil
 before a device run. Needs `pip install nvidia-cuda-nvrtc-cu12`.
 
 usage: tools/nvrtc_check.py [ARCH ...]   (default sm_90a sm_80); writes /tmp/mlaserve-ARCH.cubin
+       DEFINES="-DMLA_TRACE" tools/nvrtc_check.py   adds NVRTC options (the trace lab's build)
        REGS=substr tools/nvrtc_check.py sm_90a   also prints ptxas' registers/spills of the
                                                  kernels whose name contains substr
 """
@@ -20,7 +21,7 @@ ok = True
 for arch in sys.argv[1:] or ["sm_90a", "sm_80"]:
     prog = ctypes.c_void_p()
     assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"mlaserve_kernels.cu", 0, None, None) == 0
-    opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17"]
+    opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17"] + [d.encode() for d in os.environ.get("DEFINES", "").split()]
     regs = os.environ.get("REGS")
     if regs:
         opts.append(b"--ptxas-options=-v")

@@ -35,6 +35,34 @@ fn gemm_bytes(label: &str) -> Option<f64> {
     Some(batch * (n * k * 2.0 + m * k * 2.0 + m * n * 4.0))
 }
 
+/// The phase trace of the last traced launch (`MLASERVE_KERNEL_TRACE=1`: common.cuh's
+/// MLA_T points): per point, the median and max over blocks of the clocks since the point
+/// before, and the spread of the blocks' start and their durations in ns.
+fn print_trace(tr: &[i64]) {
+    let blocks: Vec<&[i64]> = tr.chunks(16).filter(|b| b[14] != 0).collect();
+    if blocks.is_empty() {
+        println!("trace: no traced kernel ran");
+        return;
+    }
+    let stats = |mut v: Vec<i64>| {
+        v.sort();
+        (v[v.len() / 2], v[v.len() - 1])
+    };
+    let g0 = blocks.iter().map(|b| b[14]).min().unwrap_or(0);
+    println!(
+        "trace of {} blocks (clocks since the point before: median / max)",
+        blocks.len()
+    );
+    for i in 1..14 {
+        let (m, x) = stats(blocks.iter().map(|b| b[i] - b[i - 1]).collect());
+        println!("  point {i:2}: {m:6} / {x:6}");
+    }
+    let (m, x) = stats(blocks.iter().map(|b| b[14] - g0).collect());
+    println!("  start after the first block's, ns: {m} / {x}");
+    let (m, x) = stats(blocks.iter().map(|b| b[15] - b[14]).collect());
+    println!("  start to end, ns: {m} / {x}");
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let path = args
@@ -93,6 +121,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             q(0.9),
             batch as f64 / q(0.5) * 1e6
         );
+        if mlaserve_cuda::kernels::trace_define().is_some() {
+            print_trace(&exec.gpu().kernel_trace()?);
+        }
         return Ok(());
     }
     let (prof, graphed) = exec.profile_step(&step)?;

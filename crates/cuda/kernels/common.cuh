@@ -35,6 +35,32 @@ typedef long long i64;
     } while (0)
 #endif
 
+// Phase trace (a timing lab, `MLASERVE_KERNEL_TRACE=1` compiles with MLA_TRACE): thread 0 of
+// block b < MLA_TRACE_BLOCKS writes %clock64 at point i < 14 into mla_trace_buf[16 b + i] and
+// %globaltimer at MLA_TRACE_G0 / MLA_TRACE_G1 into words 14 / 15, overwritten by every launch
+// (the host reads the last: lab.cu's mla_trace_read). Without MLA_TRACE the points are empty.
+#define MLA_TRACE_BLOCKS 256
+__device__ long long mla_trace_buf[MLA_TRACE_BLOCKS * 16];
+#ifdef MLA_TRACE
+#define MLA_TRACE_AT(i, reg)                                                            \
+    do {                                                                                \
+        if (threadIdx.x == 0 && blockIdx.x < MLA_TRACE_BLOCKS) {                        \
+            long long c_;                                                               \
+            asm volatile("mov.u64 %0, %%" reg ";" : "=l"(c_)::"memory");                \
+            mla_trace_buf[blockIdx.x * 16 + (i)] = c_;                                  \
+        }                                                                               \
+    } while (0)
+#define MLA_T(i) MLA_TRACE_AT(i, "clock64")
+#define MLA_TRACE_G0() MLA_TRACE_AT(14, "globaltimer")
+#define MLA_TRACE_G1() MLA_TRACE_AT(15, "globaltimer")
+#else
+#define MLA_T(i) \
+    do {         \
+    } while (0)
+#define MLA_TRACE_G0() MLA_T(0)
+#define MLA_TRACE_G1() MLA_T(0)
+#endif
+
 __device__ __forceinline__ float bf2f(bf16 v) { return __uint_as_float(((unsigned)v) << 16); }
 
 __device__ __forceinline__ bf16 f2bf(float f) {

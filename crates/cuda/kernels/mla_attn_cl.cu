@@ -122,6 +122,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(16) unsigned char mac_raw[];
     MacSmem& S = *(MacSmem*)mac_raw;
+    MLA_TRACE_G0();
+    MLA_T(0);
     unsigned rank, dyn;
     asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
@@ -180,7 +182,9 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
         }
     }
 
+    MLA_T(1);
     MLA_PDL();
+    MLA_T(2);
 
     // One round trip: q_nope (bf16-rounded) and q_pe (rotated) of head h, and the new row's
     // values where needed.
@@ -230,6 +234,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
         }
     }
     __syncthreads();
+    MLA_T(3);
 
     // q_lat columns [64 rank, 64 rank + 64) into every block's S.q_lat.
     {
@@ -246,6 +251,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
             }
         }
         asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+        MLA_T(4);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             float x = acc[i];
@@ -258,6 +264,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
         }
     }
     mac_cluster_sync();
+    MLA_T(5);
 
     // The lane's query pairs: pair pi = lane + 32 u covers features 2 pi, 2 pi + 1 of [q_lat | q_pe].
     float2 qr[9];
@@ -281,6 +288,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
             for (int i = tid; i < MAC_W / 8; i += blockDim.x)
                 *(uint4*)&S.keys[S.newj][i * 8] = *(const uint4*)&S.newrow[i * 8];
         __syncthreads();
+        MLA_T(6);
         // Scores: warp w keys w, w + 8, w + 16, w + 24, then 32 further on.
         for (int j0 = warp; j0 < n; j0 += 4 * MAC_WARPS) {
             float d[4] = {0.f, 0.f, 0.f, 0.f};
@@ -302,6 +310,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
             }
         }
         __syncthreads();
+        MLA_T(7);
         const float sv = tid < n ? S.s[tid] : -INFINITY;
         const float m_new = fmaxf(m_run, block_max(sv, S.red));
         const float fac = m_run == -INFINITY ? 0.f : __expf(m_run - m_new);
@@ -311,6 +320,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
         o0 *= fac;
         o1 *= fac;
         m_run = m_new;
+        MLA_T(8);
         const unsigned* col = (const unsigned*)&S.keys[0][0] + tid;
 #pragma unroll 4
         for (int j = 0; j < n; j++) {
@@ -320,6 +330,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
             o1 += pj * __uint_as_float(k2 & 0xffff0000u);
         }
     }
+    MLA_T(9);
     S.o_part[2 * tid] = o0;
     S.o_part[2 * tid + 1] = o1;
     if (tid == 0) {
@@ -327,6 +338,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
         S.ml[1] = l_run;
     }
     mac_cluster_sync();
+    MLA_T(10);
 
     // o_lat columns [64 rank, 64 rank + 64): the LSE merge of the 8 blocks' partials.
     if (tid < MAC_LS) {
@@ -354,6 +366,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
         S.ol[tid] = bf2f(f2bf(den > 0.f ? x * (1.f / den) : 0.f));
     }
     __syncthreads();
+    MLA_T(11);
 
     // This block's 64 columns of every W_UV row; row vr's partial to the block owning it.
 #pragma unroll
@@ -372,6 +385,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
         }
     }
     mac_cluster_sync();
+    MLA_T(12);
     // No remote access after the barrier above: blocks may leave in any order.
     if (tid < vpb) {
         float x = 0.f;
@@ -384,6 +398,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
             out_f[o] = beta == 0.f ? x : beta * out_f[o] + x;
         }
     }
+    MLA_T(13);
+    MLA_TRACE_G1();
 #else
     __trap();
 #endif

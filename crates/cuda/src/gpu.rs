@@ -541,6 +541,19 @@ impl Gpu {
         self.read(d, 0, d.len)
     }
 
+    /// The phase trace of the traced kernels' last launches (a timing lab, compiled in with
+    /// `MLASERVE_KERNEL_TRACE=1`; common.cuh): [256 blocks][16] words, %clock64 at points
+    /// 0..14, %globaltimer (ns) at 14 and 15; zeros where no traced kernel wrote.
+    pub fn kernel_trace(&self) -> Result<Vec<i64>> {
+        let buf = self.alloc::<i64>(256 * 16)?;
+        self.launch(
+            "mla_trace_read",
+            Gpu::cfg((1, 1, 1), 256),
+            &crate::args![buf.ptr()],
+        )?;
+        self.to_host(&buf)
+    }
+
     pub fn sync(&self) -> Result<()> {
         let Some(timeout) = self.sync_timeout else {
             return self

@@ -135,6 +135,7 @@ pub const NAMES: &[&str] = &[
     "qgemm_reduce",
     "lab_handoff",
     "lab_grid_sync",
+    "mla_trace_read",
     "qmv_q4_k_r2m1b",
     "qmv_q4_k_r2m1b_glu",
     "qmv_q4_k_r2m1b_comb",
@@ -207,7 +208,8 @@ pub fn ptx_for(arch: &'static str) -> Result<(Ptx, bool)> {
         fnv1a(&[
             SOURCE.as_bytes(),
             arch.as_bytes(),
-            env!("CARGO_PKG_VERSION").as_bytes()
+            env!("CARGO_PKG_VERSION").as_bytes(),
+            trace_define().unwrap_or("").as_bytes()
         ])
     );
     let path = cache_dir().map(|d| d.join(format!("{key}-{arch}.ptx")));
@@ -235,6 +237,12 @@ pub fn ptx_for(arch: &'static str) -> Result<(Ptx, bool)> {
     Ok((ptx, false))
 }
 
+/// `MLASERVE_KERNEL_TRACE=1` (a timing lab): kernels compiled with MLA_TRACE, whose phase
+/// points (common.cuh) write clock stamps that [`crate::Gpu::kernel_trace`] reads back.
+pub fn trace_define() -> Option<&'static str> {
+    (std::env::var("MLASERVE_KERNEL_TRACE").as_deref() == Ok("1")).then_some("-DMLA_TRACE")
+}
+
 /// Compiles [`SOURCE`] with NVRTC (no GPU needed, only libnvrtc).
 pub fn compile(arch: &'static str) -> Result<Ptx> {
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
@@ -244,7 +252,10 @@ pub fn compile(arch: &'static str) -> Result<Ptx> {
     }
     let opts = CompileOptions {
         arch: Some(arch),
-        options: vec!["--std=c++17".into()],
+        options: std::iter::once("--std=c++17")
+            .chain(trace_define())
+            .map(String::from)
+            .collect(),
         name: Some("mlaserve_kernels.cu".into()),
         ..Default::default()
     };

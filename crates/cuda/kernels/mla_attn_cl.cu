@@ -3,8 +3,9 @@
 // mla_combine_uv, three dependent launches on a one-token step's critical path, as one:
 //
 //   q_lat = W_UK_T[h] . bf16(q_nope)        block r of the cluster computes latent columns
-//                                           [64r, 64r + 64) and stores them into every block
-//                                           of the cluster (distributed shared memory);
+//                                           [64r, 64r + 64), and after a cluster barrier
+//                                           every block reads the others' (distributed shared
+//                                           memory);
 //   scores, softmax, O_r = sum_j p_j c_j    block r over its eighth of the token's key list
 //                                           (cache rows copied into shared memory 80 at a
 //                                           time, the first 80 but the token's own row
@@ -46,7 +47,7 @@
 struct MacSmem {
     bf16 keys[MAC_KC][MAC_W];         // the chunk's cache rows
     bf16 newrow[MAC_W];               // the token's finished row (blocks that use it)
-    float q_lat[MAC_L];               // written by every block of the cluster
+    float q_lat[MAC_L];               // own slice computed, the others' read remotely
     float o_part[MAC_L];              // this block's unnormalized O, read by every block
     float outp[MAC_CL][MAC_MAX_VB];   // partial output rows from block b, written remotely
     float ml[2];                      // this block's running max and sum, read remotely
@@ -236,7 +237,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
     __syncthreads();
     MLA_T(3);
 
-    // q_lat columns [64 rank, 64 rank + 64) into every block's S.q_lat.
+    // q_lat columns [64 rank, 64 rank + 64) into this block's S.q_lat.
     {
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -250,20 +251,28 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
                 for (int j = 0; j < 8; j++) acc[i] += bf2f(aa[j]) * S.qn[c + j];
             }
         }
-        asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
-        MLA_T(4);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             float x = acc[i];
             for (int o = 8; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-            if (hl == 0) {
-                const float* dst = &S.q_lat[rank * MAC_LS + warp * 8 + half + 2 * i];
-#pragma unroll
-                for (int b = 0; b < MAC_CL; b++) mac_st(mac_remote(dst, b), x);
-            }
+            if (hl == 0) S.q_lat[rank * MAC_LS + warp * 8 + half + 2 * i] = x;
+        }
+        asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+        MLA_T(4);
+    }
+    // Published by a barrier after local stores (a release over remote stores costs ~3x),
+    // then pulled: thread tid's pair 2 tid, 2 tid + 1 from the block owning it.
+    mac_cluster_sync();
+    {
+        const int f = 2 * tid, b = f / MAC_LS;
+        if (b != (int)rank) {
+            const unsigned a = mac_remote(&S.q_lat[f], b);
+            const float x0 = mac_ld(a), x1 = mac_ld(a + 4);
+            S.q_lat[f] = x0;
+            S.q_lat[f + 1] = x1;
         }
     }
-    mac_cluster_sync();
+    __syncthreads();
     MLA_T(5);
 
     // The lane's query pairs: pair pi = lane + 32 u covers features 2 pi, 2 pi + 1 of [q_lat | q_pe].

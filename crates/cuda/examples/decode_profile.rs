@@ -39,7 +39,10 @@ fn gemm_bytes(label: &str) -> Option<f64> {
 /// MLA_T points): per point, the median and max over blocks of the clocks since the point
 /// before, and the spread of the blocks' start and their durations in ns.
 fn print_trace(tr: &[i64]) {
-    let blocks: Vec<&[i64]> = tr.chunks(16).filter(|b| b[14] != 0).collect();
+    let blocks: Vec<&[i64]> = tr
+        .chunks(mlaserve_cuda::kernels::TRACE_WORDS)
+        .filter(|b| b[14] != 0)
+        .collect();
     if blocks.is_empty() {
         println!("trace: no traced kernel ran");
         return;
@@ -109,6 +112,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let step = ForwardBatch::new(seqs, bs, AttentionPath::Auto)?;
     exec.forward(&step)?; // a warm-up of the same shape
     if let Some(n) = arg("--replays") {
+        let traced = mlaserve_cuda::kernels::trace_define().is_some();
+        if traced {
+            exec.gpu().kernel_trace()?; // clears the prefill's and warm-up's stamps
+        }
         let mut t = exec.time_step(&step, n.parse()?)?;
         t.sort_by(|a, b| a.total_cmp(b));
         let q = |f: f64| t[((t.len() - 1) as f64 * f).round() as usize];
@@ -121,7 +128,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             q(0.9),
             batch as f64 / q(0.5) * 1e6
         );
-        if mlaserve_cuda::kernels::trace_define().is_some() {
+        if traced {
             print_trace(&exec.gpu().kernel_trace()?);
         }
         return Ok(());

@@ -66,8 +66,12 @@ extern "C" __global__ void lab_grid_sync(unsigned* bar, unsigned* data, int roun
     }
 }
 
-// The phase trace (common.cuh, MLA_TRACE) into out [MLA_TRACE_BLOCKS * 16]. grid 1, block 256.
+// The phase trace (common.cuh, MLA_TRACE) into out [MLA_TRACE_BLOCKS * 16], cleared behind.
+// grid 1, block 256.
 extern "C" __global__ void mla_trace_read(long long* out) {
     MLA_PDL();
-    for (int i = threadIdx.x; i < MLA_TRACE_BLOCKS * 16; i += blockDim.x) out[i] = mla_trace_buf[i];
+    for (int i = threadIdx.x; i < MLA_TRACE_BLOCKS * 16; i += blockDim.x) {
+        out[i] = mla_trace_buf[i];
+        mla_trace_buf[i] = 0;
+    }
 }

@@ -237,6 +237,11 @@ pub fn ptx_for(arch: &'static str) -> Result<(Ptx, bool)> {
     Ok((ptx, false))
 }
 
+/// The phase trace's shape (common.cuh: MLA_TRACE_BLOCKS blocks of 16 words; words 14 and
+/// 15 are %globaltimer at a block's start and end).
+pub const TRACE_BLOCKS: usize = 256;
+pub const TRACE_WORDS: usize = 16;
+
 /// `MLASERVE_KERNEL_TRACE=1` (a timing lab): kernels compiled with MLA_TRACE, whose phase
 /// points (common.cuh) write clock stamps that [`crate::Gpu::kernel_trace`] reads back.
 pub fn trace_define() -> Option<&'static str> {

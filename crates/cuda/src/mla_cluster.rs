@@ -7,12 +7,12 @@
 //! Invariants: a cluster of [`CLUSTER`] blocks serves one (token, head); block r owns latent
 //! columns [64r, 64r + 64) of q_lat and o_lat, an eighth of the token's key list and V/8 output
 //! rows, and the blocks hand each other their pieces in distributed shared memory (three
-//! cluster barriers after the start-up one). The token's key list must hold no other token's new row (one token a
-//! sequence; sequences share only full cache blocks), as for `Early::TileButNew`: a block's first 80
-//! rows but that one are copied before the kernel's PDL wait. Unlike kv_finish and
-//! mla_q_absorb, it leaves `kv` unfinished and q_pe unrotated in `q` (nothing reads them after
-//! it: the executor takes it only where no probe does). Latent row 512 + 64 (DeepSeek-V2/V3, GLM-5),
-//! P <= 256, V <= 256 with V % 32 == 0; sm_90 or newer.
+//! cluster barriers after the start-up one). The token's key list must hold no other token's
+//! new row (one token a sequence; sequences share only full cache blocks), as for
+//! `Early::TileButNew`: a block's first 80 rows but that one are copied before the kernel's PDL
+//! wait. Unlike kv_finish and mla_q_absorb, it leaves `kv` unfinished and q_pe unrotated in `q`
+//! (nothing reads them after it: the executor takes it only where no probe does). Latent row
+//! 512 + 64 (DeepSeek-V2/V3, GLM-5), P <= 256, V <= 256 with V % 32 == 0; sm_90 or newer.
 
 use crate::args;
 use crate::error::{CudaError, Result};

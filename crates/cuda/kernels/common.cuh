@@ -24,14 +24,25 @@ typedef long long i64;
 // only where the host says so (mla_decode_w64's `early`): inputs written before the previous
 // kernel began. A kernel starts only once every block of the one before it has passed that
 // kernel's own MLA_PDL(), i.e. once the kernel before that has completed.
+// MLA_PDL_WAIT() then MLA_PDL_LAUNCH() later is MLA_PDL() split: a kernel that wants the next
+// one let in later than its wait (moe_norm_route_cl's `late`); the rule above still holds,
+// since a block reaches the launch only after its wait (an exit counts as a launch).
 #define MLA_WEIGHTS_FIRST() \
     do {                    \
     } while (0)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define MLA_PDL() asm volatile("griddepcontrol.wait;\ngriddepcontrol.launch_dependents;\n" ::: "memory")
+#define MLA_PDL_WAIT() asm volatile("griddepcontrol.wait;\n" ::: "memory")
+#define MLA_PDL_LAUNCH() asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory")
 #else
 #define MLA_PDL() \
     do {          \
+    } while (0)
+#define MLA_PDL_WAIT() \
+    do {               \
+    } while (0)
+#define MLA_PDL_LAUNCH() \
+    do {                 \
     } while (0)
 #endif
 

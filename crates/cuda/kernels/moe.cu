@@ -330,13 +330,15 @@ extern "C" __global__ void moe_norm_route(const float* x, const float* gamma, fl
 // grid (C, T), cluster (C, 1, 1), block 256: block r of token t takes logits
 // [r*E/C, (r+1)*E/C), its warp w those of them with index w mod 8. Where that is one logit a
 // warp (E == 8*C) and H <= 2,048, H % 128 == 0, the router row is read into registers before
-// the wait on the previous grid. The host launches it where E % C == 0, H % 4 == 0,
+// the wait on the previous grid. With `late` the next kernel is let in (launch_dependents)
+// only after the logits' cluster barrier, not at the wait: the expert GEMV's blocks then
+// arrive while one warp routes, not while the norm and the dots run. The host launches it where E % C == 0, H % 4 == 0,
 // H <= MNR_CL_MAX_H, E <= 256, K <= 32, ns <= 32, n_group <= 64 (route_row_warp's bounds).
 #define MNR_CL_MAX_H 8192
 extern "C" __global__ void __launch_bounds__(256) moe_norm_route_cl(
     const float* x, const float* gamma, float eps, int h, const float* router, bf16* hnb,
     float* logits, const float* bias, int e, int k, int ns, int gating, int n_group,
-    int topk_group, int norm, float scale, int* ids, float* weights) {
+    int topk_group, int norm, float scale, int* ids, float* weights, int late) {
     MLA_WEIGHTS_FIRST();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     __shared__ float red[32];
@@ -370,7 +372,11 @@ extern "C" __global__ void __launch_bounds__(256) moe_norm_route_cl(
             const int i = threadIdx.x + u * nt;
             gv[u] = i < h ? gamma[i] : 0.f;
         }
-        MLA_PDL();
+        if (late) {
+            MLA_PDL_WAIT();
+        } else {
+            MLA_PDL();
+        }
         const float inv = rms_inv_regs(xr, h, eps, red, xv);
 #pragma unroll
         for (int u = 0; u < 8; u++) {
@@ -381,7 +387,11 @@ extern "C" __global__ void __launch_bounds__(256) moe_norm_route_cl(
             if (rank == 0) hrow[i] = f2bf(v);
         }
     } else {
-        MLA_PDL();
+        if (late) {
+            MLA_PDL_WAIT();
+        } else {
+            MLA_PDL();
+        }
         const float inv = rms_inv_8(xr, h, eps, red);
         for (int i = threadIdx.x; i < h; i += nt) {
             const float v = xr[i] * inv * gamma[i];
@@ -419,6 +429,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_norm_route_cl(
     }
     // Every logit of the token is in block 0's lg once this barrier completes.
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+    if (late) MLA_PDL_LAUNCH();
     if (rank != 0 || warp != 0) return;
     const int ko = k + ns;
     route_row_warp(lg, bias, e, k, ns, gating, n_group, topk_group, norm, scale, ids + (i64)t * ko,

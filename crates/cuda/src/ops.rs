@@ -939,13 +939,21 @@ impl Gpu {
                     c.experts, c.top_k, c.shared, c.n_group, self.arch
                 )));
             }
+            // The expert GEMV after it is launched once the logits are in (`late`), not at
+            // the wait: its ~1,400 blocks arriving early slowed the routing (V2-Lite b1 on the
+            // H200, session 20: 1,898.0 / 1,899.1 µs a step against 1,920.8 / 1,921.5).
+            // `MLASERVE_ROUTE_LATE=0`: at the wait, for comparisons.
+            static LATE: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+            let late = *LATE.get_or_init(|| {
+                std::env::var("MLASERVE_ROUTE_LATE").map_or(true, |v| v != "0") as i32
+            });
             return self.launch_cluster(
                 "moe_norm_route_cl",
                 Gpu::cfg((cl, t as u32, 1), 256),
                 cl,
                 &args![
                     x, gamma, eps, h32, router, hnb, logits, bias, e, k, ns, g, ng, tg, norm,
-                    scale, ids, weights
+                    scale, ids, weights, late
                 ],
             );
         }

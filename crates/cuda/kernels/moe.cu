@@ -332,8 +332,9 @@ extern "C" __global__ void moe_norm_route(const float* x, const float* gamma, fl
 // warp (E == 8*C) and H <= 2,048, H % 128 == 0, the router row is read into registers before
 // the wait on the previous grid. With `late` the next kernel is let in (launch_dependents)
 // only after the logits' cluster barrier, not at the wait: the expert GEMV's blocks then
-// arrive while one warp routes, not while the norm and the dots run. The host launches it where E % C == 0, H % 4 == 0,
-// H <= MNR_CL_MAX_H, E <= 256, K <= 32, ns <= 32, n_group <= 64 (route_row_warp's bounds).
+// arrive while one warp routes, not while the norm and the dots run. The host launches it
+// where E % C == 0, H % 4 == 0, H <= MNR_CL_MAX_H, E <= 256, K <= 32, ns <= 32,
+// n_group <= 64 (route_row_warp's bounds).
 #define MNR_CL_MAX_H 8192
 extern "C" __global__ void __launch_bounds__(256) moe_norm_route_cl(
     const float* x, const float* gamma, float eps, int h, const float* router, bf16* hnb,

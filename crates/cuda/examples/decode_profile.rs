@@ -39,10 +39,20 @@ fn gemm_bytes(label: &str) -> Option<f64> {
 /// MLA_T points): per point, the median and max over blocks of the clocks since the point
 /// before, and the spread of the blocks' start and their durations in ns.
 fn print_trace(tr: &[i64]) {
-    let blocks: Vec<&[i64]> = tr
-        .chunks(mlaserve_cuda::kernels::TRACE_WORDS)
-        .filter(|b| b[14] != 0)
-        .collect();
+    use mlaserve_cuda::kernels::{TRACE_BLOCKS, TRACE_WORDS};
+    let (stamps, sms) = tr.split_at(TRACE_BLOCKS * TRACE_WORDS);
+    let blocks: Vec<&[i64]> = stamps.chunks(TRACE_WORDS).filter(|b| b[14] != 0).collect();
+    // the SMs of the traced blocks: how many blocks shared one
+    let mut per_sm = std::collections::BTreeMap::<i64, usize>::new();
+    for (b, &sm) in stamps.chunks(TRACE_WORDS).zip(sms) {
+        if b[14] != 0 {
+            *per_sm.entry(sm).or_default() += 1;
+        }
+    }
+    let mut shares = std::collections::BTreeMap::<usize, usize>::new();
+    for &n in per_sm.values() {
+        *shares.entry(n).or_default() += 1;
+    }
     if blocks.is_empty() {
         println!("trace: no traced kernel ran");
         return;
@@ -64,6 +74,11 @@ fn print_trace(tr: &[i64]) {
     println!("  start after the first block's, ns: {m} / {x}");
     let (m, x) = stats(blocks.iter().map(|b| b[15] - b[14]).collect());
     println!("  start to end, ns: {m} / {x}");
+    let shares: Vec<String> = shares
+        .iter()
+        .map(|(n, sms)| format!("{sms} SMs with {n}"))
+        .collect();
+    println!("  blocks on {} SMs: {}", per_sm.len(), shares.join(", "));
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -50,8 +50,11 @@ typedef long long i64;
 // block b < MLA_TRACE_BLOCKS writes %clock64 at point i < 14 into mla_trace_buf[16 b + i] and
 // %globaltimer at MLA_TRACE_G0 / MLA_TRACE_G1 into words 14 / 15, overwritten by every launch
 // (the host reads the last: lab.cu's mla_trace_read). Without MLA_TRACE the points are empty.
+// MLA_TRACE_G0 also writes the block's SM (%smid) into mla_trace_sm[b]: whether a launch's
+// blocks share SMs.
 #define MLA_TRACE_BLOCKS 256
 __device__ long long mla_trace_buf[MLA_TRACE_BLOCKS * 16];
+__device__ int mla_trace_sm[MLA_TRACE_BLOCKS];
 #ifdef MLA_TRACE
 #define MLA_TRACE_AT(i, reg)                                                            \
     do {                                                                                \
@@ -62,7 +65,15 @@ __device__ long long mla_trace_buf[MLA_TRACE_BLOCKS * 16];
         }                                                                               \
     } while (0)
 #define MLA_T(i) MLA_TRACE_AT(i, "clock64")
-#define MLA_TRACE_G0() MLA_TRACE_AT(14, "globaltimer")
+#define MLA_TRACE_G0()                                                    \
+    do {                                                                  \
+        MLA_TRACE_AT(14, "globaltimer");                                  \
+        if (threadIdx.x == 0 && blockIdx.x < MLA_TRACE_BLOCKS) {          \
+            unsigned sm_;                                                 \
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm_));              \
+            mla_trace_sm[blockIdx.x] = (int)sm_;                          \
+        }                                                                 \
+    } while (0)
 #define MLA_TRACE_G1() MLA_TRACE_AT(15, "globaltimer")
 #else
 #define MLA_T(i) \

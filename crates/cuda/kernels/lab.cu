@@ -66,12 +66,17 @@ extern "C" __global__ void lab_grid_sync(unsigned* bar, unsigned* data, int roun
     }
 }
 
-// The phase trace (common.cuh, MLA_TRACE) into out [MLA_TRACE_BLOCKS * 16], cleared behind.
-// grid 1, block 256.
+// The phase trace (common.cuh, MLA_TRACE) into out [MLA_TRACE_BLOCKS * 17]: the stamps
+// [MLA_TRACE_BLOCKS * 16], then the blocks' SMs [MLA_TRACE_BLOCKS]; cleared behind (SMs to
+// -1). grid 1, block 256.
 extern "C" __global__ void mla_trace_read(long long* out) {
     MLA_PDL();
     for (int i = threadIdx.x; i < MLA_TRACE_BLOCKS * 16; i += blockDim.x) {
         out[i] = mla_trace_buf[i];
         mla_trace_buf[i] = 0;
+    }
+    for (int i = threadIdx.x; i < MLA_TRACE_BLOCKS; i += blockDim.x) {
+        out[MLA_TRACE_BLOCKS * 16 + i] = mla_trace_sm[i];
+        mla_trace_sm[i] = -1;
     }
 }

@@ -544,10 +544,11 @@ impl Gpu {
     /// The phase trace of the traced kernels' last launches (a timing lab, compiled in with
     /// `MLASERVE_KERNEL_TRACE=1`; common.cuh): [256 blocks][16] words, %clock64 at points
     /// 0..14, %globaltimer (ns) at 14 and 15; zeros where no traced kernel wrote since the
-    /// last read (the read clears it, so a smaller grid's trace holds no older launch's blocks).
+    /// last read (the read clears it, so a smaller grid's trace holds no older launch's blocks);
+    /// then [256] the SM each block ran on (%smid; -1 or 0 where none wrote).
     pub fn kernel_trace(&self) -> Result<Vec<i64>> {
         use crate::kernels::{TRACE_BLOCKS, TRACE_WORDS};
-        let buf = self.alloc::<i64>(TRACE_BLOCKS * TRACE_WORDS)?;
+        let buf = self.alloc::<i64>(TRACE_BLOCKS * (TRACE_WORDS + 1))?;
         self.launch(
             "mla_trace_read",
             Gpu::cfg((1, 1, 1), 256),

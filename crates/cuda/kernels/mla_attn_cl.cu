@@ -55,13 +55,14 @@ struct MacSmem {
     int pad;
     float qn[256];                    // bf16(q_nope) as f32
     float qpe[MAC_R];                 // q_pe rotated
-    float s[MAC_KC];                  // scores, then probabilities
+    float s[MAC_KC];                  // scores
+    float p[MAC_KC];                  // probabilities
     i64 slot[MAC_KC];                 // the chunk's cache slots
     float ol[MAC_LS];                 // bf16(o_lat) of this block's columns, as f32
     float red[32];
 };
 // mla_cluster.rs's SMEM: a launch with less traps (a sticky context error), so keep the two equal.
-static_assert(sizeof(MacSmem) == 101072, "mla_cluster.rs SMEM must be sizeof(MacSmem)");
+static_assert(sizeof(MacSmem) == 101392, "mla_cluster.rs SMEM must be sizeof(MacSmem)");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ unsigned mac_remote(const void* p, unsigned block) {
@@ -321,11 +322,20 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
         __syncthreads();
         MLA_T(7);
         const float sv = tid < n ? S.s[tid] : -INFINITY;
-        const float m_new = fmaxf(m_run, block_max(sv, S.red));
+        // block_max's and block_sum's values with one block barrier instead of their six:
+        // every warp takes the max over all n scores, and the sum of the 8 warps' sums in
+        // block_sum's order (its warp 0's lanes) after the barrier that publishes S.p.
+        float mx = -INFINITY;
+        for (int j = lane; j < n; j += 32) mx = fmaxf(mx, S.s[j]);
+        const float m_new = fmaxf(m_run, warp_max(mx));
         const float fac = m_run == -INFINITY ? 0.f : __expf(m_run - m_new);
         const float pv = tid < n ? __expf(sv - m_new) : 0.f;
-        if (tid < n) S.s[tid] = pv;
-        l_run = l_run * fac + block_sum(pv, S.red);  // block_sum's barriers publish S.s
+        if (tid < n) S.p[tid] = pv;
+        const float ws = warp_sum(pv);
+        if (lane == 0) S.red[warp] = ws;
+        __syncthreads();
+        const float lsum = warp_sum(lane < MAC_WARPS ? S.red[lane] : 0.f);
+        l_run = l_run * fac + lsum;
         o0 *= fac;
         o1 *= fac;
         m_run = m_new;
@@ -334,7 +344,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
 #pragma unroll 4
         for (int j = 0; j < n; j++) {
             const unsigned k2 = col[j * (MAC_W / 2)];
-            const float pj = S.s[j];
+            const float pj = S.p[j];
             o0 += pj * __uint_as_float(k2 << 16);
             o1 += pj * __uint_as_float(k2 & 0xffff0000u);
         }

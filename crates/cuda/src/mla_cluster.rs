@@ -23,7 +23,20 @@ use cudarc::driver::LaunchConfig;
 /// Blocks a cluster (a (token, head)).
 pub const CLUSTER: u32 = 8;
 /// `sizeof(MacSmem)` in mla_attn_cl.cu (the kernel traps on less).
-const SMEM: usize = 101_072;
+const SMEM: usize = 101_392;
+
+/// The dynamic shared memory a block is launched with: [`SMEM`], or more where
+/// `MLASERVE_ATTN_SMEM` (bytes, a lab knob) asks for it — above half an SM's 227 KB, two
+/// blocks can no longer share an SM.
+fn smem() -> usize {
+    static S: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *S.get_or_init(|| {
+        std::env::var("MLASERVE_ATTN_SMEM")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or(SMEM, |b| b.max(SMEM))
+    })
+}
 /// Threads a block (MAC_THREADS).
 const THREADS: u32 = 256;
 const L: usize = 512;
@@ -94,7 +107,7 @@ impl Gpu {
             && d.v % 32 == 0
             && (32..=256).contains(&d.v)
             && d.t * d.heads * CLUSTER as usize <= i32::MAX as usize
-            && self.clusters_fit_smem("mla_attn_cl", CLUSTER, THREADS, SMEM)
+            && self.clusters_fit_smem("mla_attn_cl", CLUSTER, THREADS, smem())
     }
 
     /// Whether a one-token-a-sequence step of shape `d` over lists of at most `max_keys` keys
@@ -126,7 +139,7 @@ impl Gpu {
         let cfg = LaunchConfig {
             grid_dim: ((d.t * d.heads) as u32 * CLUSTER, 1, 1),
             block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: SMEM as u32,
+            shared_mem_bytes: smem() as u32,
         };
         let (ks, nh, p, v, bs) = (
             a.kv.ks as i32,

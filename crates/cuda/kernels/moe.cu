@@ -198,6 +198,78 @@ __device__ void route_row_warp(const float* lg, const float* bias, int e, int k,
     }
 }
 
+// route_row_warp's selection by a block of 256 threads, by rank instead of k rounds of a warp
+// argmax: every warp computes the softmax's max and sum as route_row_warp's warp does (the
+// same values), each expert's choice score goes to ch, and expert i's rank is the count of
+// experts ahead of it (a higher score, or an equal one at a lower index: the rounds' order),
+// counted by g = 256 / E threads (E <= 64: 4) over a 1/g slice each. The k ranked first are
+// the k chosen, in the same order with the same scores, so ids and weights are route_row_warp's
+// bit for bit. Returns false (nothing written) where that does not hold: group-limited routing
+// (n_group > 1 with topk_group < n_group), E > 256, or a NaN score; the caller then routes with
+// route_row_warp. Every thread of the block calls it; lg [E], ch [E], sel [2 * K] shared.
+__device__ bool route_row_rank(const float* lg, const float* bias, int e, int k, int ns,
+                               int gating, int n_group, int topk_group, int norm, float scale,
+                               int* ids, float* weights, float* ch, float* sel) {
+    const int tid = threadIdx.x, lane = tid & 31;
+    if ((n_group > 1 && topk_group < n_group) || e > 256 || k > e || blockDim.x != 256)
+        return false;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        const int i = lane + 32 * u;
+        if (i < e) mx = fmaxf(mx, lg[i]);
+    }
+    mx = warp_max(mx);
+    float sum = 0.f;
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        const int i = lane + 32 * u;
+        if (i < e) sum += gating == 0 ? expf(lg[i] - mx) : 1.f / (1.f + expf(-lg[i]));
+    }
+    sum = warp_sum(sum);
+    // expert tid's score (route_row_warp's sc) and choice score
+    float sc = 0.f;
+    bool bad = false;
+    if (tid < e) {
+        sc = gating == 0 ? expf(lg[tid] - mx) : 1.f / (1.f + expf(-lg[tid]));
+        if (gating == 0) sc = sc / sum;
+        const float c = sc + ((gating == 1 && bias) ? bias[tid] : 0.f);
+        ch[tid] = c;
+        bad = isnan(c);
+    }
+    if (__syncthreads_or(bad)) return false;
+    const int g = e <= 64 ? 4 : e <= 128 ? 2 : 1;  // threads an expert
+    const int i = tid / g, part = tid % g, span = (e + g - 1) / g;
+    int ahead = 0;
+    float ci = i < e ? ch[i] : 0.f;
+    for (int j = part * span; j < min(e, (part + 1) * span); j++) {
+        const float cj = ch[j];
+        ahead += cj > ci || (cj == ci && j < i);
+    }
+    if (g >= 2) ahead += __shfl_xor_sync(0xffffffffu, ahead, 1);
+    if (g >= 4) ahead += __shfl_xor_sync(0xffffffffu, ahead, 2);
+    if (i < e && part == 0 && ahead < k) {
+        // expert i's score, as its owner thread computed it above
+        float s_i = gating == 0 ? expf(lg[i] - mx) : 1.f / (1.f + expf(-lg[i]));
+        if (gating == 0) s_i = s_i / sum;
+        sel[ahead] = s_i;
+        sel[k + ahead] = __int_as_float(i);
+    }
+    __syncthreads();
+    if (tid < ns) {
+        ids[k + tid] = e + tid;
+        weights[k + tid] = 1.f;
+    }
+    if (tid < k) {
+        float wsum = 0.f;  // in selection order, as route_row_warp adds them
+        for (int r = 0; r < k; r++) wsum += sel[r];
+        const float inv = norm ? 1.f / (wsum + 1e-20f) : 1.f;
+        ids[tid] = __float_as_int(sel[k + tid]);
+        weights[tid] = sel[tid] * (inv * scale);
+    }
+    return true;
+}
+
 // Routing of one token per block: logits [T, E] -> ids / weights [T, K + ns] (route_row).
 extern "C" __global__ void moe_route(const float* logits, const float* bias, int e, int k,
                                      int ns, int gating, int n_group, int topk_group, int norm,
@@ -330,11 +402,12 @@ extern "C" __global__ void moe_norm_route(const float* x, const float* gamma, fl
 // grid (C, T), cluster (C, 1, 1), block 256: block r of token t takes logits
 // [r*E/C, (r+1)*E/C), its warp w those of them with index w mod 8. Where that is one logit a
 // warp (E == 8*C) and H <= 2,048, H % 128 == 0, the router row is read into registers before
-// the wait on the previous grid. With `late` the next kernel is let in (launch_dependents)
-// only after the logits' cluster barrier, not at the wait: the expert GEMV's blocks then
-// arrive while one warp routes, not while the norm and the dots run. The host launches it
-// where E % C == 0, H % 4 == 0, H <= MNR_CL_MAX_H, E <= 256, K <= 32, ns <= 32,
-// n_group <= 64 (route_row_warp's bounds).
+// the wait on the previous grid. `late` bit 0: the next kernel is let in (launch_dependents)
+// only after the logits' cluster barrier, not at the wait, so the expert GEMV's blocks arrive
+// while block 0 routes, not while the norm and the dots run. Bit 1: block 0 routes by rank
+// (route_row_rank, all its threads) where that takes the config, else one warp of it with
+// route_row_warp. The host launches it where E % C == 0, H % 4 == 0, H <= MNR_CL_MAX_H,
+// E <= 256, K <= 32, ns <= 32, n_group <= 64 (route_row_warp's bounds).
 #define MNR_CL_MAX_H 8192
 extern "C" __global__ void __launch_bounds__(256) moe_norm_route_cl(
     const float* x, const float* gamma, float eps, int h, const float* router, bf16* hnb,
@@ -373,7 +446,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_norm_route_cl(
             const int i = threadIdx.x + u * nt;
             gv[u] = i < h ? gamma[i] : 0.f;
         }
-        if (late) {
+        if (late & 1) {
             MLA_PDL_WAIT();
         } else {
             MLA_PDL();
@@ -388,7 +461,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_norm_route_cl(
             if (rank == 0) hrow[i] = f2bf(v);
         }
     } else {
-        if (late) {
+        if (late & 1) {
             MLA_PDL_WAIT();
         } else {
             MLA_PDL();
@@ -430,9 +503,13 @@ extern "C" __global__ void __launch_bounds__(256) moe_norm_route_cl(
     }
     // Every logit of the token is in block 0's lg once this barrier completes.
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-    if (late) MLA_PDL_LAUNCH();
-    if (rank != 0 || warp != 0) return;
+    if (late & 1) MLA_PDL_LAUNCH();
+    if (rank != 0) return;
     const int ko = k + ns;
+    if ((late & 2) && route_row_rank(lg, bias, e, k, ns, gating, n_group, topk_group, norm, scale,
+                                     ids + (i64)t * ko, weights + (i64)t * ko, ch, gsc))
+        return;
+    if (warp != 0) return;
     route_row_warp(lg, bias, e, k, ns, gating, n_group, topk_group, norm, scale, ids + (i64)t * ko,
                    weights + (i64)t * ko, ch, gsc);
 #else

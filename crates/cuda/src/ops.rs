@@ -943,9 +943,15 @@ impl Gpu {
             // the wait: its ~1,400 blocks arriving early slowed the routing (V2-Lite b1 on the
             // H200, session 20: 1,898.0 / 1,899.1 µs a step against 1,920.8 / 1,921.5).
             // `MLASERVE_ROUTE_LATE=0`: at the wait, for comparisons.
+            // Bit 1: the top-k by rank over block 0's 256 threads (route_row_rank: the same
+            // ids and weights) instead of one warp's k argmax rounds (route_row_warp, still
+            // taken for group-limited routing): V2-Lite b1 1,888.2-1,888.8 µs a step against
+            // 1,894.7-1,895.7 in three rounds (session 21). `MLASERVE_ROUTE_RANK=0`: the warp's
+            // rounds, for comparisons.
             static LATE: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
             let late = *LATE.get_or_init(|| {
-                std::env::var("MLASERVE_ROUTE_LATE").map_or(true, |v| v != "0") as i32
+                let on = |k: &str| std::env::var(k).map_or(true, |v| v != "0");
+                on("MLASERVE_ROUTE_LATE") as i32 | (on("MLASERVE_ROUTE_RANK") as i32) << 1
             });
             return self.launch_cluster(
                 "moe_norm_route_cl",

@@ -1906,7 +1906,8 @@ fn route_cfg_moe(
 /// for bit `rms_norm`'s bf16 rows; logits against f64 of rms_norm's f32 rows times the router;
 /// ids exactly and weights (1e-5) against the CPU's `route` on the kernel's own logits; run
 /// twice (the tickets must be back at zero for the second launch to route at all). H 512 takes
-/// the kernel's one-pass path (H <= 8 x 256), H 2,312 its loop (a partial last step).
+/// the kernel's one-pass path (H <= 8 x 256), H 2,312 its loop (a partial last step); one
+/// router has its rows in equal pairs, so every choice is a tie.
 fn moe_norm_route(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     use mlaserve_cuda::ops::RouteCfg;
     use mlaserve_model::layers::ffn::route;
@@ -1929,6 +1930,12 @@ fn moe_norm_route(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         (8, 2, Gating::Sigmoid, 4, 1, true, true, 1, 2),
         // DeepSeek-V2-Lite's router (64 x 2,048): the cluster kernel's one-logit-a-warp path.
         (64, 6, Gating::Softmax, 1, 1, false, false, 2, 2),
+        // Sigmoid scores with a bias and no groups over 128 experts: route_row_rank with two
+        // threads an expert (where MLASERVE_ROUTE_RANK=1).
+        (128, 8, Gating::Sigmoid, 1, 1, true, true, 1, 2),
+        // Router rows in equal pairs: every logit has a twin, so the choice breaks ties (to the
+        // lower index, as the CPU's `route` does).
+        (64, 6, Gating::Softmax, 1, 1, true, false, 2, 2),
     ]
     .iter()
     .enumerate()
@@ -1951,7 +1958,12 @@ fn moe_norm_route(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         };
         let x = rng.vec(t * h, 2.0);
         let gamma = rng.vec(h, 1.0);
-        let router = rng.vec(e * h, 0.2);
+        let mut router = rng.vec(e * h, 0.2);
+        if i == 6 {
+            for r in (1..e).step_by(2) {
+                router.copy_within((r - 1) * h..r * h, r * h);
+            }
+        }
         let b = rng.vec(e, 0.5);
         let (xd, gd, rd, bd) = (
             gpu.upload(&x).unwrap(),

@@ -136,7 +136,7 @@ __device__ void route_row_warp(const float* lg, const float* bias, int e, int k,
         sc[u] = 0.f;
         if (i < e) {
             sc[u] = gating == 0 ? expf(lg[i] - mx) : 1.f / (1.f + expf(-lg[i]));
-            sum += sc[u];
+            sum = __fadd_rn(sum, sc[u]);  // as route_row_rank adds them
         }
     }
     sum = warp_sum(sum);
@@ -202,11 +202,12 @@ __device__ void route_row_warp(const float* lg, const float* bias, int e, int k,
 // argmax: every warp computes the softmax's max and sum as route_row_warp's warp does (the
 // same values), each expert's choice score goes to ch, and expert i's rank is the count of
 // experts ahead of it (a higher score, or an equal one at a lower index: the rounds' order),
-// counted by g = 256 / E threads (E <= 64: 4) over a 1/g slice each. The k ranked first are
-// the k chosen, in the same order with the same scores, so ids and weights are route_row_warp's
-// bit for bit. Returns false (nothing written) where that does not hold: group-limited routing
-// (n_group > 1 with topk_group < n_group), E > 256, or a NaN score; the caller then routes with
-// route_row_warp. Every thread of the block calls it; lg [E], ch [E], sel [2 * K] shared.
+// counted by g threads an expert (4 where E <= 64, 2 where E <= 128, else 1) over a 1/g slice
+// each. The k ranked first are the k chosen, in the same order with the same scores, so ids
+// and weights are route_row_warp's bit for bit. Returns false (only ch written) where that
+// does not hold: group-limited routing (n_group > 1 with topk_group < n_group), E > 256,
+// K > E, or a NaN score; the caller then routes with route_row_warp. Every thread of the block
+// calls it; lg [E], ch [E], sel [2 * K] shared.
 __device__ bool route_row_rank(const float* lg, const float* bias, int e, int k, int ns,
                                int gating, int n_group, int topk_group, int norm, float scale,
                                int* ids, float* weights, float* ch, float* sel) {
@@ -224,7 +225,8 @@ __device__ bool route_row_rank(const float* lg, const float* bias, int e, int k,
 #pragma unroll
     for (int u = 0; u < 8; u++) {
         const int i = lane + 32 * u;
-        if (i < e) sum += gating == 0 ? expf(lg[i] - mx) : 1.f / (1.f + expf(-lg[i]));
+        // __fadd_rn: not fused into expf's last multiply (nor is route_row_warp's sum)
+        if (i < e) sum = __fadd_rn(sum, gating == 0 ? expf(lg[i] - mx) : 1.f / (1.f + expf(-lg[i])));
     }
     sum = warp_sum(sum);
     // expert tid's score (route_row_warp's sc) and choice score

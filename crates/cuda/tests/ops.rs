@@ -1930,12 +1930,13 @@ fn moe_norm_route(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         (8, 2, Gating::Sigmoid, 4, 1, true, true, 1, 2),
         // DeepSeek-V2-Lite's router (64 x 2,048): the cluster kernel's one-logit-a-warp path.
         (64, 6, Gating::Softmax, 1, 1, false, false, 2, 2),
-        // Sigmoid scores with a bias and no groups over 128 experts: route_row_rank with two
-        // threads an expert (where MLASERVE_ROUTE_RANK=1).
+        // Sigmoid scores with a bias and no groups over 128 and 192 experts: the cluster
+        // kernel's routing by rank (route_row_rank) with two threads an expert, and one.
         (128, 8, Gating::Sigmoid, 1, 1, true, true, 1, 2),
+        (192, 8, Gating::Sigmoid, 1, 1, true, true, 0, 1),
         // Router rows in equal pairs: every logit has a twin, so the choice breaks ties (to the
-        // lower index, as the CPU's `route` does).
-        (64, 6, Gating::Softmax, 1, 1, true, false, 2, 2),
+        // lower index, as the CPU's `route` does); an odd k puts a tie on the last pick.
+        (64, 5, Gating::Softmax, 1, 1, true, false, 2, 2),
     ]
     .iter()
     .enumerate()
@@ -1959,7 +1960,7 @@ fn moe_norm_route(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         let x = rng.vec(t * h, 2.0);
         let gamma = rng.vec(h, 1.0);
         let mut router = rng.vec(e * h, 0.2);
-        if i == 6 {
+        if i == 7 {
             for r in (1..e).step_by(2) {
                 router.copy_within((r - 1) * h..r * h, r * h);
             }

@@ -1,6 +1,11 @@
 // MoE on the GPU for small batches: routing (DeepSeek/GLM rules, the CPU's `route`) and
 // expert GEMVs over (token, slot) pairs, so a decode step needs no host round trip.
 
+// Expert i's score before normalization: exp(logit - max) (softmax gating) or the sigmoid.
+__device__ __forceinline__ float route_score(const float* lg, int i, float mx, int gating) {
+    return gating == 0 ? expf(lg[i] - mx) : 1.f / (1.f + expf(-lg[i]));
+}
+
 // A group's score for group-limited routing: its best expert's (softmax), or the sum of its top
 // two (sigmoid), over g [per] (ties kept: a repeated best counts twice).
 __device__ __forceinline__ float group_score(const float* g, int per, int gating) {
@@ -46,7 +51,7 @@ __device__ void route_row(const float* lg, const float* bias, int e, int k, int 
     mx = block_max(mx, red);
     float sum = 0.f;
     for (int i = threadIdx.x; i < e; i += blockDim.x) {
-        float s = gating == 0 ? expf(lg[i] - mx) : 1.f / (1.f + expf(-lg[i]));
+        float s = route_score(lg, i, mx, gating);
         sc[i] = s;
         sum += s;
     }
@@ -105,6 +110,33 @@ __device__ void route_row(const float* lg, const float* bias, int e, int k, int 
 }
 
 
+// The softmax's max and sum over lg [E] as one warp takes them (lane l: experts l, l + 32, ...,
+// then warp_max / warp_sum), every lane's scores into sc; route_row_warp and route_row_rank
+// both use it, so both have the same values. __fadd_rn: the sum is never fused into expf's
+// last multiply.
+__device__ __forceinline__ void route_softmax_warp(const float* lg, int e, int gating, float* sc,
+                                                   float& mx, float& sum) {
+    const int lane = threadIdx.x & 31;
+    mx = -INFINITY;
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        const int i = lane + 32 * u;
+        if (i < e) mx = fmaxf(mx, lg[i]);
+    }
+    mx = warp_max(mx);
+    sum = 0.f;
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        const int i = lane + 32 * u;
+        sc[u] = 0.f;
+        if (i < e) {
+            sc[u] = route_score(lg, i, mx, gating);
+            sum = __fadd_rn(sum, sc[u]);
+        }
+    }
+    sum = warp_sum(sum);
+}
+
 // route_row by one warp (lanes own experts lane, lane + 32, ...; E <= 256, K <= 32, ns <= 32,
 // n_group <= 64; ch [E] and gsc [n_group] are shared scratch): the same rules, sums and ties,
 // with warp shuffles and __syncwarp instead of block barriers — the routing that ends
@@ -121,25 +153,8 @@ __device__ void route_row_warp(const float* lg, const float* bias, int e, int k,
         ids[k + lane] = e + lane;
         weights[k + lane] = 1.f;
     }
-    float sc[8];
-    float mx = -INFINITY;
-#pragma unroll
-    for (int u = 0; u < 8; u++) {
-        const int i = lane + 32 * u;
-        if (i < e) mx = fmaxf(mx, lg[i]);
-    }
-    mx = warp_max(mx);
-    float sum = 0.f;
-#pragma unroll
-    for (int u = 0; u < 8; u++) {
-        const int i = lane + 32 * u;
-        sc[u] = 0.f;
-        if (i < e) {
-            sc[u] = gating == 0 ? expf(lg[i] - mx) : 1.f / (1.f + expf(-lg[i]));
-            sum = __fadd_rn(sum, sc[u]);  // as route_row_rank adds them
-        }
-    }
-    sum = warp_sum(sum);
+    float sc[8], mx, sum;
+    route_softmax_warp(lg, e, gating, sc, mx, sum);
 #pragma unroll
     for (int u = 0; u < 8; u++) {
         const int i = lane + 32 * u;
@@ -211,29 +226,16 @@ __device__ void route_row_warp(const float* lg, const float* bias, int e, int k,
 __device__ bool route_row_rank(const float* lg, const float* bias, int e, int k, int ns,
                                int gating, int n_group, int topk_group, int norm, float scale,
                                int* ids, float* weights, float* ch, float* sel) {
-    const int tid = threadIdx.x, lane = tid & 31;
+    const int tid = threadIdx.x;
     if ((n_group > 1 && topk_group < n_group) || e > 256 || k > e || blockDim.x != 256)
         return false;
-    float mx = -INFINITY;
-#pragma unroll
-    for (int u = 0; u < 8; u++) {
-        const int i = lane + 32 * u;
-        if (i < e) mx = fmaxf(mx, lg[i]);
-    }
-    mx = warp_max(mx);
-    float sum = 0.f;
-#pragma unroll
-    for (int u = 0; u < 8; u++) {
-        const int i = lane + 32 * u;
-        // __fadd_rn: not fused into expf's last multiply (nor is route_row_warp's sum)
-        if (i < e) sum = __fadd_rn(sum, gating == 0 ? expf(lg[i] - mx) : 1.f / (1.f + expf(-lg[i])));
-    }
-    sum = warp_sum(sum);
+    float scw[8], mx, sum;
+    route_softmax_warp(lg, e, gating, scw, mx, sum);  // every warp: the same values
     // expert tid's score (route_row_warp's sc) and choice score
     float sc = 0.f;
     bool bad = false;
     if (tid < e) {
-        sc = gating == 0 ? expf(lg[tid] - mx) : 1.f / (1.f + expf(-lg[tid]));
+        sc = route_score(lg, tid, mx, gating);
         if (gating == 0) sc = sc / sum;
         const float c = sc + ((gating == 1 && bias) ? bias[tid] : 0.f);
         ch[tid] = c;
@@ -252,7 +254,7 @@ __device__ bool route_row_rank(const float* lg, const float* bias, int e, int k,
     if (g >= 4) ahead += __shfl_xor_sync(0xffffffffu, ahead, 2);
     if (i < e && part == 0 && ahead < k) {
         // expert i's score, as its owner thread computed it above
-        float s_i = gating == 0 ? expf(lg[i] - mx) : 1.f / (1.f + expf(-lg[i]));
+        float s_i = route_score(lg, i, mx, gating);
         if (gating == 0) s_i = s_i / sum;
         sel[ahead] = s_i;
         sel[k + ahead] = __int_as_float(i);

@@ -209,7 +209,8 @@ pub fn ptx_for(arch: &'static str) -> Result<(Ptx, bool)> {
             SOURCE.as_bytes(),
             arch.as_bytes(),
             env!("CARGO_PKG_VERSION").as_bytes(),
-            trace_define().unwrap_or("").as_bytes()
+            trace_define().unwrap_or("").as_bytes(),
+            lab_defines().join(" ").as_bytes()
         ])
     );
     let path = cache_dir().map(|d| d.join(format!("{key}-{arch}.ptx")));
@@ -248,6 +249,25 @@ pub fn trace_define() -> Option<&'static str> {
     (std::env::var("MLASERVE_KERNEL_TRACE").as_deref() == Ok("1")).then_some("-DMLA_TRACE")
 }
 
+/// `MLASERVE_KERNEL_DEFINES="-DNAME ..."` (a timing lab): extra macros for NVRTC, so kernel
+/// variants kept behind `#ifdef` are compared in one binary and one run. Only `-D` options
+/// are taken; anything else is a lab mistake and is reported, not passed on.
+pub fn lab_defines() -> Vec<String> {
+    let Ok(v) = std::env::var("MLASERVE_KERNEL_DEFINES") else {
+        return Vec::new();
+    };
+    v.split_whitespace()
+        .filter(|d| {
+            let ok = d.starts_with("-D") && d.len() > 2;
+            if !ok {
+                tracing::warn!("MLASERVE_KERNEL_DEFINES: {d:?} is not a -DNAME[=VALUE]; ignored");
+            }
+            ok
+        })
+        .map(String::from)
+        .collect()
+}
+
 /// Compiles [`SOURCE`] with NVRTC (no GPU needed, only libnvrtc).
 pub fn compile(arch: &'static str) -> Result<Ptx> {
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
@@ -260,6 +280,7 @@ pub fn compile(arch: &'static str) -> Result<Ptx> {
         options: std::iter::once("--std=c++17")
             .chain(trace_define())
             .map(String::from)
+            .chain(lab_defines())
             .collect(),
         name: Some("mlaserve_kernels.cu".into()),
         ..Default::default()

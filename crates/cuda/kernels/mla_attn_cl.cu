@@ -12,9 +12,10 @@
 //                                           before the PDL wait);
 //   o_lat = LSE merge of the 8 partials     block r merges latent columns [64r, 64r + 64)
 //                                           reading the other blocks' partials remotely;
-//   out = W_UV[h] . bf16(o_lat)             block r's 64 columns of every output row, the 8
-//                                           partial rows summed in block order by the block
-//                                           that owns the row (V / 8 rows a block).
+//   out = W_UV[h] . bf16(o_lat)             block r's 64 columns of every output row, and
+//                                           after a cluster barrier the block that owns a
+//                                           row (V / 8 rows a block) reads its 8 partials
+//                                           and sums them in block order.
 //
 // The token's new latent row (kv [t] f32, not yet normalized or rotated) is finished here with
 // kv_finish_row's expressions (so the same bits) by block 0 of head 0's cluster, which writes it
@@ -49,7 +50,7 @@ struct MacSmem {
     bf16 newrow[MAC_W];               // the token's finished row (blocks that use it)
     float q_lat[MAC_L];               // own slice computed, the others' read remotely
     float o_part[MAC_L];              // this block's unnormalized O, read by every block
-    float outp[MAC_CL][MAC_MAX_VB];   // partial output rows from block b, written remotely
+    float outp[MAC_CL * MAC_MAX_VB];  // this block's partial of every output row, read by its owner
     float ml[2];                      // this block's running max and sum, read remotely
     int newj;                         // index of the new row in the chunk, or -1
     int pad;
@@ -69,10 +70,6 @@ __device__ __forceinline__ unsigned mac_remote(const void* p, unsigned block) {
     unsigned r;
     asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(mla_smem(p)), "r"(block));
     return r;
-}
-
-__device__ __forceinline__ void mac_st(unsigned addr, float v) {
-    asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
 }
 
 __device__ __forceinline__ float mac_ld(unsigned addr) {
@@ -130,7 +127,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
     asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
     if (dyn < sizeof(MacSmem) || blockDim.x != MAC_THREADS) __trap();
-    // Arrive now, wait before the first remote store: every block of the cluster has started.
+    // Arrive now, wait before the q_lat exchange: every block of the cluster has started.
     asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int th = blockIdx.x / MAC_CL, t = th / n_heads, h = th % n_heads;
@@ -262,8 +259,12 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
         MLA_T(4);
     }
     // Published by a barrier after local stores (a release over remote stores costs ~3x),
-    // then pulled: thread tid's pair 2 tid, 2 tid + 1 from the block owning it.
+    // then pulled.
     mac_cluster_sync();
+    // The lane's query features: latent words 2 lane + 64 u + e (u < 4, e < 2; word w holds
+    // features 2w, 2w + 1) and rope word 256 + lane (features 2 lane, 2 lane + 1 of q_pe).
+    float2 qa[4][2];
+    // Thread tid's pair 2 tid, 2 tid + 1 from the block owning it, into the local copy.
     {
         const int f = 2 * tid, b = f / MAC_LS;
         if (b != (int)rank) {
@@ -275,15 +276,14 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
     }
     __syncthreads();
     MLA_T(5);
-
-    // The lane's query pairs: pair pi = lane + 32 u covers features 2 pi, 2 pi + 1 of [q_lat | q_pe].
-    float2 qr[9];
 #pragma unroll
-    for (int u = 0; u < 9; u++) {
-        const int f = 2 * (lane + 32 * u);
-        qr[u] = f < MAC_L ? make_float2(S.q_lat[f], S.q_lat[f + 1])
-                          : make_float2(S.qpe[f - MAC_L], S.qpe[f - MAC_L + 1]);
-    }
+    for (int u = 0; u < 4; u++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int f = 2 * (2 * lane + 64 * u + e);
+            qa[u][e] = make_float2(S.q_lat[f], S.q_lat[f + 1]);
+        }
+    const float2 qb = make_float2(S.qpe[2 * lane], S.qpe[2 * lane + 1]);
     // O: thread tid's latent columns 2 tid, 2 tid + 1.
     float m_run = -INFINITY, l_run = 0.f, o0 = 0.f, o1 = 0.f;
     for (int kc = k0; kc < k1; kc += MAC_KC) {
@@ -300,24 +300,42 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
         __syncthreads();
         MLA_T(6);
         // Scores: warp w keys w, w + 8, w + 16, w + 24, then 32 further on.
+        // A key's 288 words: four 8-byte loads and one 4-byte load a lane, the low and high
+        // halves into two accumulators; keys past n read row n - 1 (a row in the chunk) and
+        // are not written. The four keys' sums reduced together: halves of the values
+        // exchanged over lanes 16 and 8 apart, then one value over 4, 2, 1; lane 8g ends with
+        // key g's sum.
         for (int j0 = warp; j0 < n; j0 += 4 * MAC_WARPS) {
-            float d[4] = {0.f, 0.f, 0.f, 0.f};
+            float d[4];
 #pragma unroll
             for (int g = 0; g < 4; g++) {
-                const int j = j0 + MAC_WARPS * g;
-                if (j >= n) break;
-                const unsigned* kr = (const unsigned*)S.keys[j];
+                const int j = min(j0 + MAC_WARPS * g, n - 1);
+                const uint2* kr = (const uint2*)S.keys[j];
+                float a = 0.f, b = 0.f;
 #pragma unroll
-                for (int u = 0; u < 9; u++) {
-                    const unsigned k2 = kr[lane + 32 * u];
-                    d[g] += qr[u].x * __uint_as_float(k2 << 16) + qr[u].y * __uint_as_float(k2 & 0xffff0000u);
+                for (int u = 0; u < 4; u++) {
+                    const uint2 k = kr[lane + 32 * u];
+                    a = fmaf(qa[u][0].x, __uint_as_float(k.x << 16), a);
+                    b = fmaf(qa[u][0].y, __uint_as_float(k.x & 0xffff0000u), b);
+                    a = fmaf(qa[u][1].x, __uint_as_float(k.y << 16), a);
+                    b = fmaf(qa[u][1].y, __uint_as_float(k.y & 0xffff0000u), b);
                 }
+                const unsigned k = ((const unsigned*)S.keys[j])[256 + lane];
+                a = fmaf(qb.x, __uint_as_float(k << 16), a);
+                b = fmaf(qb.y, __uint_as_float(k & 0xffff0000u), b);
+                d[g] = a + b;
             }
-#pragma unroll
-            for (int g = 0; g < 4; g++) {
-                const float x = warp_sum(d[g]);
-                if (lane == 0 && j0 + MAC_WARPS * g < n) S.s[j0 + MAC_WARPS * g] = x * scale;
-            }
+            const bool ua = lane & 16, ub = lane & 8;
+            float k0 = ua ? d[2] : d[0], k1 = ua ? d[3] : d[1];
+            k0 += __shfl_xor_sync(0xffffffffu, ua ? d[0] : d[2], 16);
+            k1 += __shfl_xor_sync(0xffffffffu, ua ? d[1] : d[3], 16);
+            float x = ub ? k1 : k0;
+            x += __shfl_xor_sync(0xffffffffu, ub ? k0 : k1, 8);
+            x += __shfl_xor_sync(0xffffffffu, x, 4);
+            x += __shfl_xor_sync(0xffffffffu, x, 2);
+            x += __shfl_xor_sync(0xffffffffu, x, 1);
+            const int j = j0 + MAC_WARPS * (lane >> 3);
+            if ((lane & 7) == 0 && j < n) S.s[j] = x * scale;
         }
         __syncthreads();
         MLA_T(7);
@@ -398,18 +416,27 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
         x += __shfl_xor_sync(0xffffffffu, x, 1);
         x += __shfl_xor_sync(0xffffffffu, x, 2);
         x += __shfl_xor_sync(0xffffffffu, x, 4);
-        if (u8 == 0) {
-            const int vr = warp * vpw + (lane >> 3) + 4 * i;
-            mac_st(mac_remote(&S.outp[rank][vr % vpb], vr / vpb), x);
-        }
+        // Stored locally, pulled by the row's owner after the barrier below (as q_lat: a
+        // release over remote stores costs ~3x a plain barrier).
+        if (u8 == 0) S.outp[warp * vpw + (lane >> 3) + 4 * i] = x;
     }
     mac_cluster_sync();
     MLA_T(12);
-    // No remote access after the barrier above: blocks may leave in any order.
+    // Row rank * vpb + tid: the 8 blocks' partials summed in block order.
+    float x = 0.f;
     if (tid < vpb) {
-        float x = 0.f;
+        const int vr = rank * vpb + tid;
+        float pb[MAC_CL];
 #pragma unroll
-        for (int b = 0; b < MAC_CL; b++) x += S.outp[b][tid];
+        for (int b = 0; b < MAC_CL; b++)
+            pb[b] = b == (int)rank ? S.outp[vr] : mac_ld(mac_remote(&S.outp[vr], b));
+#pragma unroll
+        for (int b = 0; b < MAC_CL; b++) x += pb[b];
+    }
+    // The blocks read one another's S.outp above: arrive once this thread's reads are used
+    // (the release has no store to wait for), and leave only when every block has.
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+    if (tid < vpb) {
         const i64 o = (i64)t * n_heads * v + (i64)h * v + rank * vpb + tid;
         if (out_b) {
             out_b[o] = f2bf(x);
@@ -417,6 +444,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
             out_f[o] = beta == 0.f ? x : beta * out_f[o] + x;
         }
     }
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
     MLA_T(13);
     MLA_TRACE_G1();
 #else

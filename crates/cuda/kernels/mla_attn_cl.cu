@@ -405,7 +405,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
     __syncthreads();
     MLA_T(11);
 
-    // This block's 64 columns of every W_UV row; row vr's partial to the block owning it.
+    // This block's 64 columns of every W_UV row.
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         if (4 * i >= vpw) break;

@@ -326,11 +326,11 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
                 d[g] = a + b;
             }
             const bool ua = lane & 16, ub = lane & 8;
-            float k0 = ua ? d[2] : d[0], k1 = ua ? d[3] : d[1];
-            k0 += __shfl_xor_sync(0xffffffffu, ua ? d[0] : d[2], 16);
-            k1 += __shfl_xor_sync(0xffffffffu, ua ? d[1] : d[3], 16);
-            float x = ub ? k1 : k0;
-            x += __shfl_xor_sync(0xffffffffu, ub ? k0 : k1, 8);
+            float e0 = ua ? d[2] : d[0], e1 = ua ? d[3] : d[1];  // keys 2ua, 2ua + 1
+            e0 += __shfl_xor_sync(0xffffffffu, ua ? d[0] : d[2], 16);
+            e1 += __shfl_xor_sync(0xffffffffu, ua ? d[1] : d[3], 16);
+            float x = ub ? e1 : e0;  // key 2ua + ub
+            x += __shfl_xor_sync(0xffffffffu, ub ? e0 : e1, 8);
             x += __shfl_xor_sync(0xffffffffu, x, 4);
             x += __shfl_xor_sync(0xffffffffu, x, 2);
             x += __shfl_xor_sync(0xffffffffu, x, 1);

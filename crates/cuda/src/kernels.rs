@@ -252,20 +252,26 @@ pub fn trace_define() -> Option<&'static str> {
 /// `MLASERVE_KERNEL_DEFINES="-DNAME ..."` (a timing lab): extra macros for NVRTC, so kernel
 /// variants kept behind `#ifdef` are compared in one binary and one run. Only `-D` options
 /// are taken; anything else is a lab mistake and is reported, not passed on.
-pub fn lab_defines() -> Vec<String> {
-    let Ok(v) = std::env::var("MLASERVE_KERNEL_DEFINES") else {
-        return Vec::new();
-    };
-    v.split_whitespace()
-        .filter(|d| {
-            let ok = d.starts_with("-D") && d.len() > 2;
-            if !ok {
-                tracing::warn!("MLASERVE_KERNEL_DEFINES: {d:?} is not a -DNAME[=VALUE]; ignored");
-            }
-            ok
-        })
-        .map(String::from)
-        .collect()
+/// Options are split at whitespace, so a value cannot hold a space. Read once a process.
+pub fn lab_defines() -> &'static [String] {
+    static DEFINES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    DEFINES.get_or_init(|| {
+        let Ok(v) = std::env::var("MLASERVE_KERNEL_DEFINES") else {
+            return Vec::new();
+        };
+        v.split_whitespace()
+            .filter(|d| {
+                let ok = d.starts_with("-D") && d.len() > 2;
+                if !ok {
+                    tracing::warn!(
+                        "MLASERVE_KERNEL_DEFINES: {d:?} is not a -DNAME[=VALUE]; ignored"
+                    );
+                }
+                ok
+            })
+            .map(String::from)
+            .collect()
+    })
 }
 
 /// Compiles [`SOURCE`] with NVRTC (no GPU needed, only libnvrtc).
@@ -280,7 +286,7 @@ pub fn compile(arch: &'static str) -> Result<Ptx> {
         options: std::iter::once("--std=c++17")
             .chain(trace_define())
             .map(String::from)
-            .chain(lab_defines())
+            .chain(lab_defines().iter().cloned())
             .collect(),
         name: Some("mlaserve_kernels.cu".into()),
         ..Default::default()

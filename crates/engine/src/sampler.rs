@@ -56,23 +56,36 @@ pub fn sample(
             expected: vocab_size,
         });
     }
-    if let Some((index, &value)) = logits
-        .iter()
-        .enumerate()
-        .find(|(_, v)| v.is_nan() || **v == f32::INFINITY)
-    {
-        return Err(SamplerError::NonFinite { index, value });
+    // One pass for the checks (and, with no penalty, greedy's answer): this runs on the
+    // host after every decode step, on each token's critical path.
+    let (max, bad) = max_and_bad(logits);
+    if bad {
+        let index = logits
+            .iter()
+            .position(|v| v.is_nan() || *v == f32::INFINITY)
+            .expect("max_and_bad saw one");
+        return Err(SamplerError::NonFinite {
+            index,
+            value: logits[index],
+        });
     }
-    if logits.iter().all(|&v| v == f32::NEG_INFINITY) {
+    if max == f32::NEG_INFINITY {
         return Err(SamplerError::AllMasked);
     }
-
-    let mut work = logits.to_vec();
-    apply_penalties(&mut work, params, prompt, output);
-    let token_id = if params.is_greedy() {
-        argmax(&work)
+    let penalized = params.repetition_penalty != 1.0
+        || params.presence_penalty != 0.0
+        || params.frequency_penalty != 0.0;
+    let token_id = if params.is_greedy() && !penalized {
+        // argmax's lowest index among equals: the first position of the max.
+        first_eq(logits, max).expect("the max is in the row") as u32
     } else {
-        sample_filtered(&mut work, params, rng)
+        let mut work = logits.to_vec();
+        apply_penalties(&mut work, params, prompt, output);
+        if params.is_greedy() {
+            argmax(&work)
+        } else {
+            sample_filtered(&mut work, params, rng)
+        }
     };
     let logprob = params.logprobs.map(|n| token_logprob(logits, token_id, n));
     Ok(Sampled { token_id, logprob })
@@ -112,15 +125,50 @@ pub fn apply_penalties(
     }
 }
 
-/// Index of the largest value, the lowest index among equals. `-inf` only loses to finite.
+/// Index of the largest value, the lowest index among equals. `-inf` only loses to finite;
+/// NaNs are passed over (0 if nothing else is there).
 pub fn argmax(values: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in values.iter().enumerate() {
-        if v > values[best] {
-            best = i;
+    let (max, _) = max_and_bad(values);
+    first_eq(values, max).unwrap_or(0) as u32
+}
+
+/// The first index holding `x`: 64-value chunks compared whole (vectorized), then the chunk
+/// that has it value by value.
+fn first_eq(values: &[f32], x: f32) -> Option<usize> {
+    const C: usize = 64;
+    let j = values
+        .chunks(C)
+        .position(|c| c.iter().fold(false, |a, &v| a | (v == x)))?;
+    values[j * C..]
+        .iter()
+        .position(|&v| v == x)
+        .map(|i| j * C + i)
+}
+
+/// The largest value that is not NaN (`-inf` if none) and whether any value is NaN or
+/// `+inf`, in 16 independent lanes so the compiler vectorizes it.
+fn max_and_bad(values: &[f32]) -> (f32, bool) {
+    const L: usize = 16;
+    let mut m = [f32::NEG_INFINITY; L];
+    let mut bad = [false; L];
+    let chunks = values.chunks_exact(L);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for i in 0..L {
+            let v = c[i];
+            m[i] = if v > m[i] { v } else { m[i] };
+            bad[i] |= v.is_nan() | (v == f32::INFINITY);
         }
     }
-    best as u32
+    for (i, &v) in tail.iter().enumerate() {
+        m[i] = if v > m[i] { v } else { m[i] };
+        bad[i] |= v.is_nan() | (v == f32::INFINITY);
+    }
+    let max = m
+        .iter()
+        .copied()
+        .fold(f32::NEG_INFINITY, |a, b| if b > a { b } else { a });
+    (max, bad.iter().any(|&b| b))
 }
 
 /// Temperature, softmax, min-p, top-k, top-p, then one draw. `logits` is consumed as scratch.
@@ -146,8 +194,8 @@ pub fn filtered_probs(logits: &mut [f32], params: &SamplingParams) -> Vec<(u32, 
         / params
             .temperature
             .max(crate::sampling_params::GREEDY_EPSILON);
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    // [vocab] unnormalized probabilities exp((l - max) / T); the max token has 1.0.
+    let (max, _) = max_and_bad(logits); // f32::max's value (no NaN here), vectorized
+                                        // [vocab] unnormalized probabilities exp((l - max) / T); the max token has 1.0.
     for l in logits.iter_mut() {
         *l = ((*l - max) * inv_t).exp();
     }
@@ -162,6 +210,7 @@ pub fn filtered_probs(logits: &mut [f32], params: &SamplingParams) -> Vec<(u32, 
         .filter(|(_, &p)| p > 0.0 && p >= min_keep)
         .map(|(i, &p)| (i as u32, p))
         .collect();
+    let n_kept = kept.len();
     // Rank: higher probability first, lower id first among equals.
     let rank = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
     if let Some(k) = params.top_k {
@@ -171,20 +220,38 @@ pub fn filtered_probs(logits: &mut [f32], params: &SamplingParams) -> Vec<(u32, 
         }
     }
     if params.top_p < 1.0 {
-        kept.sort_unstable_by(rank);
+        // The nucleus: the shortest rank-order prefix whose mass reaches top_p of the total.
+        // Sorted a candidate set at a time (the top m, m growing 8x while the mass falls
+        // short) instead of the whole vocabulary: the prefix is the same, since the rank is a
+        // total order.
         let total: f64 = kept.iter().map(|&(_, p)| p as f64).sum();
-        let mut cum = 0.0;
-        let mut n = 0;
-        for &(_, p) in &kept {
-            cum += p as f64;
-            n += 1;
-            if cum >= params.top_p as f64 * total {
+        let target = params.top_p as f64 * total;
+        let mut m = kept.len().min(256);
+        loop {
+            if m < kept.len() {
+                kept.select_nth_unstable_by(m - 1, rank);
+            }
+            kept[..m].sort_unstable_by(rank);
+            let mut cum = 0.0;
+            let mut n = 0;
+            for &(_, p) in &kept[..m] {
+                cum += p as f64;
+                n += 1;
+                if cum >= target {
+                    break;
+                }
+            }
+            if cum >= target || m == kept.len() {
+                kept.truncate(n.max(1));
                 break;
             }
+            m = (m * 8).min(kept.len());
         }
-        kept.truncate(n.max(1));
     }
-    kept.sort_unstable_by_key(|&(id, _)| id);
+    // Built in id order; only top-k and top-p reorder it.
+    if params.top_k.is_some_and(|k| k < n_kept) || params.top_p < 1.0 {
+        kept.sort_unstable_by_key(|&(id, _)| id);
+    }
     kept
 }
 
@@ -380,5 +447,109 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.token_id, 1);
+    }
+
+    /// Rows from a seeded generator: lengths around the 16- and 64-value chunks, values from
+    /// a small set (so ties are common), some -inf.
+    fn rows(seed: u64) -> Vec<Vec<f32>> {
+        let mut r = Rng::seed_from_u64(seed);
+        [1usize, 15, 16, 17, 63, 64, 65, 200, 1000, 4099]
+            .iter()
+            .map(|&n| {
+                (0..n)
+                    .map(|_| match r.next_u64() % 10 {
+                        0 => f32::NEG_INFINITY,
+                        k => (k as f32 - 5.0) * 0.5 + (r.next_u64() % 3) as f32,
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn vectorized_argmax_and_checks_match_a_plain_scan() {
+        for row in rows(3) {
+            let mut best = 0;
+            for (i, &v) in row.iter().enumerate() {
+                if v > row[best] {
+                    best = i;
+                }
+            }
+            assert_eq!(argmax(&row), best as u32, "{row:?}");
+            let got = sample(
+                &row,
+                row.len(),
+                &SamplingParams::greedy(1),
+                &[],
+                &[],
+                &mut Rng::seed_from_u64(0),
+            );
+            if row.iter().all(|&v| v == f32::NEG_INFINITY) {
+                assert_eq!(got, Err(SamplerError::AllMasked));
+            } else {
+                assert_eq!(got.unwrap().token_id, best as u32);
+            }
+            // A NaN or +inf anywhere is reported at its first index, wherever the chunks fall.
+            for bad in [f32::NAN, f32::INFINITY] {
+                for at in [0, row.len() / 2, row.len() - 1] {
+                    let mut b = row.clone();
+                    b[at] = bad;
+                    let e = sample(
+                        &b,
+                        b.len(),
+                        &SamplingParams::greedy(1),
+                        &[],
+                        &[],
+                        &mut Rng::seed_from_u64(0),
+                    );
+                    assert!(
+                        matches!(e, Err(SamplerError::NonFinite { index, .. }) if index == at),
+                        "{e:?} at {at}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn top_p_nucleus_matches_a_full_sort() {
+        // The nucleus found a candidate set at a time against the whole-vocabulary sort, on
+        // flat rows (the candidate set grows past 256 and 2,048) and peaked ones.
+        let mut r = Rng::seed_from_u64(11);
+        for (n, spread) in [(300usize, 0.5f32), (5000, 0.2), (5000, 8.0), (20000, 1.0)] {
+            let row: Vec<f32> = (0..n)
+                .map(|_| (r.next_f64() as f32 - 0.5) * spread)
+                .collect();
+            for top_p in [0.1f32, 0.5, 0.9, 0.99] {
+                let p = params(|p| p.top_p = top_p);
+                let mut probs: Vec<(u32, f32)> = row
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &l)| {
+                        (
+                            i as u32,
+                            (l - row.iter().copied().fold(f32::MIN, f32::max)).exp(),
+                        )
+                    })
+                    .collect();
+                probs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+                let total: f64 = probs.iter().map(|&(_, q)| q as f64).sum();
+                let mut cum = 0.0;
+                let k = probs
+                    .iter()
+                    .position(|&(_, q)| {
+                        cum += q as f64;
+                        cum >= top_p as f64 * total
+                    })
+                    .map_or(probs.len(), |i| i + 1);
+                let mut want: Vec<u32> = probs[..k].iter().map(|&(id, _)| id).collect();
+                want.sort_unstable();
+                assert_eq!(
+                    kept_ids(&row, &p),
+                    want,
+                    "n {n} spread {spread} top_p {top_p}"
+                );
+            }
+        }
     }
 }

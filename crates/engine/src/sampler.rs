@@ -111,7 +111,7 @@ pub fn apply_penalties(
         let r = params.repetition_penalty;
         for t in seen {
             let l = &mut logits[t as usize];
-            *l = if *l > 0.0 { *l / r } else { *l * r };
+            *l = finite_penalized(*l, if *l > 0.0 { *l / r } else { *l * r });
         }
     }
     if params.presence_penalty != 0.0 || params.frequency_penalty != 0.0 {
@@ -120,8 +120,23 @@ pub fn apply_penalties(
             *counts.entry(t).or_default() += 1;
         }
         for (t, c) in counts {
-            logits[t as usize] -= params.presence_penalty + params.frequency_penalty * c as f32;
+            let l = &mut logits[t as usize];
+            *l = finite_penalized(
+                *l,
+                *l - (params.presence_penalty + params.frequency_penalty * c as f32),
+            );
         }
+    }
+}
+
+/// A penalized logit kept finite (a tiny repetition penalty overflows a positive logit to
+/// +inf, a huge one a negative logit to -inf, and a row of infinities has no softmax), but a
+/// masked one (-inf) stays masked.
+fn finite_penalized(before: f32, after: f32) -> f32 {
+    if before == f32::NEG_INFINITY {
+        before
+    } else {
+        after.clamp(-f32::MAX, f32::MAX)
     }
 }
 
@@ -222,8 +237,10 @@ pub fn filtered_probs(logits: &mut [f32], params: &SamplingParams) -> Vec<(u32, 
     if params.top_p < 1.0 {
         // The nucleus: the shortest rank-order prefix whose mass reaches top_p of the total.
         // Sorted a candidate set at a time (the top m, m growing 8x while the mass falls
-        // short) instead of the whole vocabulary: the prefix is the same, since the rank is a
-        // total order.
+        // short) instead of the whole vocabulary: the same prefix as a full sort, since the
+        // rank is a total order. The total is summed in id order (a full sort summed it in
+        // rank order: the f64 sums can differ in the last bit, so a prefix ending exactly at
+        // the target can differ by one token).
         let total: f64 = kept.iter().map(|&(_, p)| p as f64).sum();
         let target = params.top_p as f64 * total;
         let mut m = kept.len().min(256);
@@ -551,5 +568,33 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn extreme_penalties_keep_a_finite_row() {
+        // repetition_penalty 1e-39 (valid: finite, > 0) takes logit 4 past f32::MAX; 1e38 takes
+        // -5 past -f32::MAX. The first used to leave the softmax no finite logit (a panic).
+        let logits = [5.0f32, 4.0, -5.0, f32::NEG_INFINITY];
+        for (r, seen) in [(1e-39f32, vec![0u32, 1]), (1e38, vec![2u32])] {
+            for temperature in [0.0f32, 1.0] {
+                let p = params(|p| {
+                    p.repetition_penalty = r;
+                    p.temperature = temperature;
+                });
+                let s = sample(&logits, 4, &p, &seen, &[], &mut Rng::seed_from_u64(5)).unwrap();
+                assert!(s.token_id < 3, "r {r} t {temperature}: {s:?}");
+            }
+        }
+        let mut l = logits.to_vec();
+        apply_penalties(
+            &mut l,
+            &params(|p| p.repetition_penalty = 1e-39),
+            &[0, 1, 3],
+            &[],
+        );
+        assert_eq!(l, [f32::MAX, f32::MAX, -5.0, f32::NEG_INFINITY]);
+        let mut l = logits.to_vec();
+        apply_penalties(&mut l, &params(|p| p.repetition_penalty = 1e38), &[2], &[]);
+        assert_eq!(l, [5.0, 4.0, -f32::MAX, f32::NEG_INFINITY]);
     }
 }

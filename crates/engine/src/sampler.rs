@@ -188,6 +188,9 @@ fn max_and_bad(values: &[f32]) -> (f32, bool) {
 
 /// Temperature, softmax, min-p, top-k, top-p, then one draw. `logits` is consumed as scratch.
 fn sample_filtered(logits: &mut [f32], params: &SamplingParams, rng: &mut Rng) -> u32 {
+    if params.top_p >= 1.0 && params.top_k.is_none() && params.min_p <= 0.0 {
+        return sample_unfiltered(logits, params, rng);
+    }
     let probs = filtered_probs(logits, params);
     let total: f64 = probs.iter().map(|&(_, p)| p as f64).sum();
     let mut target = rng.next_f64() * total;
@@ -200,6 +203,43 @@ fn sample_filtered(logits: &mut [f32], params: &SamplingParams, rng: &mut Rng) -
         }
     }
     last // rounding left a sliver past the end: the last kept token
+}
+
+/// Temperature alone (OpenAI's default: temperature 1, top-p 1): the same draw as through
+/// [`filtered_probs`] — every token with p > 0, in id order — without building the kept list,
+/// the probabilities and their total in one pass (eight partial sums, so the total may differ
+/// from a serial sum in its last bits).
+fn sample_unfiltered(logits: &mut [f32], params: &SamplingParams, rng: &mut Rng) -> u32 {
+    let inv_t = 1.0
+        / params
+            .temperature
+            .max(crate::sampling_params::GREEDY_EPSILON);
+    let (max, _) = max_and_bad(logits);
+    let mut part = [0f64; 8];
+    let mut chunks = logits.chunks_exact_mut(8);
+    for c in &mut chunks {
+        for (l, s) in c.iter_mut().zip(&mut part) {
+            *l = ((*l - max) * inv_t).exp();
+            *s += *l as f64;
+        }
+    }
+    for (l, s) in chunks.into_remainder().iter_mut().zip(&mut part) {
+        *l = ((*l - max) * inv_t).exp();
+        *s += *l as f64;
+    }
+    let total: f64 = part.iter().sum();
+    let mut target = rng.next_f64() * total;
+    let mut last = 0;
+    for (id, &p) in logits.iter().enumerate() {
+        if p > 0.0 {
+            last = id;
+            target -= p as f64;
+            if target < 0.0 {
+                return id as u32;
+            }
+        }
+    }
+    last as u32 // rounding left a sliver past the end: the last token with p > 0
 }
 
 /// The kept `(token, unnormalized probability)` pairs in id order, never empty when at
@@ -596,5 +636,39 @@ mod tests {
         let mut l = logits.to_vec();
         apply_penalties(&mut l, &params(|p| p.repetition_penalty = 1e38), &[2], &[]);
         assert_eq!(l, [5.0, 4.0, -f32::MAX, f32::NEG_INFINITY]);
+    }
+
+    #[test]
+    fn temperature_alone_draws_as_the_kept_list_does() {
+        // The one-pass path against the general one (filtered_probs, then the CDF walk), on
+        // the same rows and RNG states: the same token but where a draw lands within the
+        // totals' last bits of a boundary (never, over these rows and seeds).
+        let mut r = Rng::seed_from_u64(21);
+        for n in [1usize, 7, 8, 9, 1000, 4099] {
+            let mut row: Vec<f32> = (0..n).map(|_| (r.next_f64() as f32 - 0.5) * 16.0).collect();
+            if n > 8 {
+                row[3] = f32::NEG_INFINITY;
+                row[n - 1] = -200.0; // exp underflows to 0: never drawn
+            }
+            for t in [0.3f32, 1.0, 2.0] {
+                let p = params(|p| p.temperature = t);
+                for seed in 0..200 {
+                    let fast =
+                        sample_unfiltered(&mut row.clone(), &p, &mut Rng::seed_from_u64(seed));
+                    let probs = filtered_probs(&mut row.clone(), &p);
+                    let total: f64 = probs.iter().map(|&(_, q)| q as f64).sum();
+                    let mut target = Rng::seed_from_u64(seed).next_f64() * total;
+                    let want = probs
+                        .iter()
+                        .find(|&&(_, q)| {
+                            target -= q as f64;
+                            target < 0.0
+                        })
+                        .map_or(probs.last().unwrap().0, |&(id, _)| id);
+                    assert_eq!(fast, want, "n {n} t {t} seed {seed}");
+                    assert!(row[fast as usize] > -150.0);
+                }
+            }
+        }
     }
 }

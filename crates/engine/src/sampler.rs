@@ -168,16 +168,17 @@ fn max_and_bad(values: &[f32]) -> (f32, bool) {
     let mut bad = [false; L];
     let chunks = values.chunks_exact(L);
     let tail = chunks.remainder();
+    let mut step = |i: usize, v: f32| {
+        m[i] = if v > m[i] { v } else { m[i] };
+        bad[i] |= v.is_nan() | (v == f32::INFINITY);
+    };
     for c in chunks {
-        for i in 0..L {
-            let v = c[i];
-            m[i] = if v > m[i] { v } else { m[i] };
-            bad[i] |= v.is_nan() | (v == f32::INFINITY);
+        for (i, &v) in c.iter().enumerate() {
+            step(i, v);
         }
     }
     for (i, &v) in tail.iter().enumerate() {
-        m[i] = if v > m[i] { v } else { m[i] };
-        bad[i] |= v.is_nan() | (v == f32::INFINITY);
+        step(i, v);
     }
     let max = m
         .iter()
@@ -210,21 +211,17 @@ fn sample_filtered(logits: &mut [f32], params: &SamplingParams, rng: &mut Rng) -
 /// the probabilities and their total in one pass (eight partial sums, so the total may differ
 /// from a serial sum in its last bits).
 fn sample_unfiltered(logits: &mut [f32], params: &SamplingParams, rng: &mut Rng) -> u32 {
-    let inv_t = 1.0
-        / params
-            .temperature
-            .max(crate::sampling_params::GREEDY_EPSILON);
-    let (max, _) = max_and_bad(logits);
+    let prob = unnormalized_prob(logits, params);
     let mut part = [0f64; 8];
     let mut chunks = logits.chunks_exact_mut(8);
     for c in &mut chunks {
         for (l, s) in c.iter_mut().zip(&mut part) {
-            *l = ((*l - max) * inv_t).exp();
+            *l = prob(*l);
             *s += *l as f64;
         }
     }
     for (l, s) in chunks.into_remainder().iter_mut().zip(&mut part) {
-        *l = ((*l - max) * inv_t).exp();
+        *l = prob(*l);
         *s += *l as f64;
     }
     let total: f64 = part.iter().sum();
@@ -242,17 +239,23 @@ fn sample_unfiltered(logits: &mut [f32], params: &SamplingParams, rng: &mut Rng)
     last as u32 // rounding left a sliver past the end: the last token with p > 0
 }
 
-/// The kept `(token, unnormalized probability)` pairs in id order, never empty when at
-/// least one logit is finite.
-pub fn filtered_probs(logits: &mut [f32], params: &SamplingParams) -> Vec<(u32, f32)> {
+/// The map from a logit to its unnormalized probability exp((l - max) / T) over this row
+/// (the max token's is 1.0; the row holds no NaN here).
+fn unnormalized_prob(logits: &[f32], params: &SamplingParams) -> impl Fn(f32) -> f32 {
     let inv_t = 1.0
         / params
             .temperature
             .max(crate::sampling_params::GREEDY_EPSILON);
-    let (max, _) = max_and_bad(logits); // f32::max's value (no NaN here), vectorized
-                                        // [vocab] unnormalized probabilities exp((l - max) / T); the max token has 1.0.
+    let (max, _) = max_and_bad(logits);
+    move |l| ((l - max) * inv_t).exp()
+}
+
+/// The kept `(token, unnormalized probability)` pairs in id order, never empty when at
+/// least one logit is finite.
+pub fn filtered_probs(logits: &mut [f32], params: &SamplingParams) -> Vec<(u32, f32)> {
+    let prob = unnormalized_prob(logits, params);
     for l in logits.iter_mut() {
-        *l = ((*l - max) * inv_t).exp();
+        *l = prob(*l);
     }
     let min_keep = if params.min_p > 0.0 {
         params.min_p
@@ -525,6 +528,10 @@ mod tests {
 
     #[test]
     fn vectorized_argmax_and_checks_match_a_plain_scan() {
+        let greedy = |row: &[f32]| {
+            let p = SamplingParams::greedy(1);
+            sample(row, row.len(), &p, &[], &[], &mut Rng::seed_from_u64(0))
+        };
         for row in rows(3) {
             let mut best = 0;
             for (i, &v) in row.iter().enumerate() {
@@ -533,14 +540,7 @@ mod tests {
                 }
             }
             assert_eq!(argmax(&row), best as u32, "{row:?}");
-            let got = sample(
-                &row,
-                row.len(),
-                &SamplingParams::greedy(1),
-                &[],
-                &[],
-                &mut Rng::seed_from_u64(0),
-            );
+            let got = greedy(&row);
             if row.iter().all(|&v| v == f32::NEG_INFINITY) {
                 assert_eq!(got, Err(SamplerError::AllMasked));
             } else {
@@ -551,14 +551,7 @@ mod tests {
                 for at in [0, row.len() / 2, row.len() - 1] {
                     let mut b = row.clone();
                     b[at] = bad;
-                    let e = sample(
-                        &b,
-                        b.len(),
-                        &SamplingParams::greedy(1),
-                        &[],
-                        &[],
-                        &mut Rng::seed_from_u64(0),
-                    );
+                    let e = greedy(&b);
                     assert!(
                         matches!(e, Err(SamplerError::NonFinite { index, .. }) if index == at),
                         "{e:?} at {at}"

@@ -22,7 +22,7 @@
 //! int8 x); a failing one is reported and not timed. Results: bench/cuda/qgemv.md.
 //!
 //! ```text
-//! cargo run --release -p mlaserve-cuda --example qgemv -- [--json out.json] [--shape i,j] [--m 1,2,4]
+//! cargo run --release -p mlaserve-cuda --example qgemv -- [--json out.json] [--shape i,j] [--m 1,2,4] [--grouped]
 //! ```
 
 #[path = "common/mod.rs"]
@@ -398,6 +398,72 @@ fn main() -> Res<()> {
                         gbs / bf16_gbs[&m]
                     ));
                 }
+                // M > 1: each path on its own — the int8 tensor-core kernel (`qgemm_mmq`,
+                // against the quantized x: bound 1e-4), the bf16 tensor-core kernel
+                // (`qgemm_tc`, against x: 1e-2) and the GEMV up to 8 rows (1e-4) — checked on
+                // copy 0, then timed inside a step.
+                if m > 1 {
+                    type Path<'a> = (
+                        &'a str,
+                        bool,
+                        Box<dyn Fn(&QMat, u64) -> mlaserve_cuda::error::Result<()> + 'a>,
+                    );
+                    let paths: [Path; 3] = [
+                        (
+                            "qgemm_mmq",
+                            gpu.mmq_fits(&qs[0], m),
+                            Box::new(|w: &QMat, o| gpu.qgemm_mmq(w, m, xd.ptr(), o, false)),
+                        ),
+                        (
+                            "qgemm_tc",
+                            gpu.has_flash_attn() && m <= 64,
+                            Box::new(|w: &QMat, o| gpu.qgemm_tc(w, m, xd.ptr(), o, false)),
+                        ),
+                        (
+                            "qmv",
+                            m <= QmvVariant::MAX_M,
+                            Box::new(|w: &QMat, o| gpu.qmv(w, xd.ptr(), 0, m, o, false)),
+                        ),
+                    ];
+                    for (label, ok, f) in &paths {
+                        if !ok {
+                            continue;
+                        }
+                        gpu.sync()?;
+                        let o = gpu.alloc_filled::<f32>(m * rows, 0xff)?;
+                        gpu.begin_step();
+                        f(&qs[0], o.ptr())?;
+                        gpu.end_step();
+                        let got = gpu.to_host(&o)?;
+                        let (err, bound) = if *label == "qgemm_tc" {
+                            (check(&cpu, &x, m, &got, &sample), 1e-2)
+                        } else {
+                            (check(&cpu, &xq, m, &got, &sample), 1e-4)
+                        };
+                        if err.is_nan() || err > bound {
+                            println!(
+                                "M{m} {ty:?} {label}: error {err:.3e} past {bound:.0e}; not timed"
+                            );
+                            rows_json.push(serde_json::json!({"shape": name, "rows": rows, "k": k, "m": m, "kernel": format!("{ty:?} {label}"), "rel_err": err, "failed": true}));
+                            continue;
+                        }
+                        let us = time(
+                            &gpu,
+                            &|i| {
+                                gpu.begin_step();
+                                let r = f(&qs[i % nq], out.ptr());
+                                gpu.end_step();
+                                r
+                            },
+                            15,
+                            nq.max(16),
+                        )?;
+                        let gbs = bytes / us * 1e-3;
+                        let ratio = gbs / bf16_gbs[&m];
+                        println!("M{m} {ty:?} {label:<10} {us:8.1} µs {gbs:6.0} GB/s ({ratio:5.3} x bf16 cuBLAS) err {err:.1e}");
+                        rows_json.push(serde_json::json!({"shape": name, "rows": rows, "k": k, "m": m, "kernel": format!("{ty:?} {label}"), "us_median": us, "gb_s": gbs, "bytes": bytes, "rel_err": err, "vs_bf16_cublas": ratio}));
+                    }
+                }
                 // M > 1 (the GEMV over 2-8 rows or the tensor-core kernel, as `qgemm` picks):
                 // check against the exact product.
                 if m > 1 {
@@ -452,7 +518,7 @@ fn main() -> Res<()> {
             ));
         }
     }
-    if only_shape.is_none() {
+    if only_shape.is_none() || std::env::args().any(|a| a == "--grouped") {
         grouped(&gpu, &mut rows_json, &mut table)?;
     }
     println!();
@@ -637,22 +703,29 @@ fn grouped(gpu: &Gpu, rows_json: &mut Vec<serde_json::Value>, table: &mut Vec<St
         let x = gpu.upload(&random_bf16(tokens * k, 77))?;
         let out = gpu.alloc::<f32>(pairs * n)?;
         let mut bf16_us = 0.0;
-        for (wty, per, ptrs, _) in &sets {
+        // bf16, then each quantized type on the tile kernel and on the int8 kernel (inside a
+        // step: its quantized x comes from the arena).
+        let runs = sets.iter().flat_map(|set| {
+            let kinds: &[bool] = if set.0.is_some() {
+                &[false, true]
+            } else {
+                &[false]
+            };
+            kinds.iter().map(move |&mmq| (set, mmq))
+        });
+        for ((wty, per, ptrs, _), mmq) in runs {
             let nc = ptrs.len();
             let us = time(
                 gpu,
                 &|i| {
-                    gpu.moe_gemm(
-                        &sorted,
-                        *wty,
-                        ptrs[i % nc].ptr(),
-                        x.ptr(),
-                        top,
-                        true,
-                        n,
-                        k,
-                        out.ptr(),
-                    )
+                    gpu.begin_step();
+                    let (p, xp, o) = (ptrs[i % nc].ptr(), x.ptr(), out.ptr());
+                    let r = match wty {
+                        Some(t) if mmq => gpu.moe_mmq(&sorted, *t, p, xp, top, true, n, k, o),
+                        _ => gpu.moe_gemm_tiles(&sorted, *wty, p, xp, top, true, n, k, o),
+                    };
+                    gpu.end_step();
+                    r
                 },
                 15,
                 nc.max(16),
@@ -662,9 +735,12 @@ fn grouped(gpu: &Gpu, rows_json: &mut Vec<serde_json::Value>, table: &mut Vec<St
             }
             let bytes = (hit * per + tokens * k * 2 + pairs * n * 4) as f64;
             let gbs = bytes / us * 1e-3;
-            let label = wty.map_or("bf16".to_string(), |t| format!("{t:?}"));
+            let label = match wty {
+                None => "bf16".to_string(),
+                Some(t) => format!("{t:?} {}", if mmq { "mmq" } else { "tiles" }),
+            };
             println!(
-                "grouped {tokens:>3} tokens ({hit} experts hit) {label:<5} {us:8.1} µs {gbs:6.0} GB/s ({:.2}x the bf16 time)",
+                "grouped {tokens:>3} tokens ({hit} experts hit) {label:<10} {us:8.1} µs {gbs:6.0} GB/s ({:.2}x the bf16 time)",
                 us / bf16_us
             );
             rows_json.push(serde_json::json!({"section": "grouped", "tokens": tokens, "pairs": pairs, "experts_hit": hit, "n": n, "k": k, "weights": label, "us_median": us, "gb_s": gbs, "bytes": bytes, "time_vs_bf16": us / bf16_us}));

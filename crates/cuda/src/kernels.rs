@@ -22,6 +22,7 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/flash_attn.cu"),
     include_str!("../kernels/flash_attn_wgmma.cu"),
     include_str!("../kernels/moe_grouped.cu"),
+    include_str!("../kernels/qmmq.cu"),
     include_str!("../kernels/lab.cu"),
 );
 
@@ -75,6 +76,20 @@ pub const NAMES: &[&str] = &[
     "mla_decode_w64_pv",
     "mla_decode_w64_bare",
     "q8_quantize_x",
+    "q8_quantize_mmq",
+    "qmmq_q4_k_n1",
+    "qmmq_q4_k_n2",
+    "qmmq_q4_k_n4",
+    "qmmq_q4_k_n8",
+    "qmmq_q8_0_n1",
+    "qmmq_q8_0_n2",
+    "qmmq_q8_0_n4",
+    "qmmq_q8_0_n8",
+    "q8_quantize_mmq_grouped",
+    "qmmq_grouped_q4_k_n2",
+    "qmmq_grouped_q4_k_n8",
+    "qmmq_grouped_q8_0_n2",
+    "qmmq_grouped_q8_0_n8",
     "qmv_q8_0_r1m1",
     "qmv_q8_0_r2m1",
     "qmv_q8_0_r4m1",
@@ -362,6 +377,7 @@ mod tests {
     fn every_kernel_waits_for_the_previous_grid_first() {
         let source = strip_comments(SOURCE);
         let qmv_t_waits = qmv_t_waits_before_reading(&source);
+        let qmmq_waits = qmmq_body_waits_before_reading(&source);
         let mut n = 0;
         for (i, _) in source.match_indices("extern \"C\" __global__") {
             let body = &source[i..][source[i..].find('{').unwrap() + 1..];
@@ -379,7 +395,8 @@ mod tests {
             };
             let weights_first = first.starts_with("MLA_WEIGHTS_FIRST();")
                 && (body[..end].contains("MLA_PDL();")
-                    || (body[..end].contains("qmv_t<") && qmv_t_waits));
+                    || (body[..end].contains("qmv_t<") && qmv_t_waits)
+                    || (body[..end].contains("qmmq_body<") && qmmq_waits));
             assert!(
                 first.starts_with("MLA_PDL();") || weights_first,
                 "a kernel does not start with MLA_PDL(): {}",
@@ -423,6 +440,16 @@ mod tests {
         starts_with_wait("if (ids != nullptr)", "MLA_PDL();")
             && starts_with_wait("if (w == nullptr)", wait)
             && reads_any(&before, &outputs).is_none()
+    }
+
+    /// qmmq.cu's qmmq_body, which its kernels enter before any wait: it loads its first
+    /// weights, then waits, and reads nothing a kernel writes (xq, xds, out) before that.
+    fn qmmq_body_waits_before_reading(source: &str) -> bool {
+        let at = source.find("void qmmq_body(").expect("qmmq_body");
+        let (b0, b1) = block(source, at);
+        let src = &source[b0..b1];
+        src.find("MLA_PDL();")
+            .is_some_and(|p| reads_any(&src[..p], &["xq", "xds", "out"]).is_none())
     }
 
     #[test]

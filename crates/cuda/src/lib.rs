@@ -22,6 +22,7 @@ pub mod moe_grouped;
 pub mod nccl;
 pub mod ops;
 pub mod qgemv;
+pub mod qmmq;
 mod step_inputs;
 pub mod tp;
 pub mod weights;

@@ -110,11 +110,33 @@ impl Gpu {
 
     /// Grouped expert GEMM over the sorted rows of `s`: out[r, :n] = W_e[:n, :k] · x[src(r), :k]
     /// for every held expert e and row r of e, src(r) = order[r] / x_div when `gather` else r.
-    /// `w_ptrs` [held] [n, k] matrices, bf16 (`wty` None) or quantized (qgemv.rs layouts,
-    /// dequantized tile by tile in shared memory); x bf16; out f32 [pairs, n] (rows of dropped
-    /// pairs untouched).
+    /// `w_ptrs` [held] [n, k] matrices, bf16 (`wty` None) or quantized (qgemv.rs layouts); x
+    /// bf16; out f32 [pairs, n] (rows of dropped pairs untouched). Quantized experts with
+    /// k % 256 == 0 go to the int8 tensor-core kernel over x quantized per 32 values
+    /// ([`Gpu::moe_mmq`]; `MLASERVE_QMMQ=0`: never), others to [`Gpu::moe_gemm_tiles`].
     #[allow(clippy::too_many_arguments)]
     pub fn moe_gemm(
+        &self,
+        s: &SortedPairs,
+        wty: Option<QType>,
+        w_ptrs: u64,
+        x: u64,
+        x_div: usize,
+        gather: bool,
+        n: usize,
+        k: usize,
+        out: u64,
+    ) -> Result<()> {
+        if let Some(t) = wty.filter(|_| self.moe_mmq_fits(k)) {
+            return self.moe_mmq(s, t, w_ptrs, x, x_div, gather, n, k, out);
+        }
+        self.moe_gemm_tiles(s, wty, w_ptrs, x, x_div, gather, n, k, out)
+    }
+
+    /// [`Gpu::moe_gemm`] on the bf16 tensor-core kernel: quantized weights dequantized tile by
+    /// tile in shared memory (the products of a bf16 upload, bit for bit).
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_gemm_tiles(
         &self,
         s: &SortedPairs,
         wty: Option<QType>,
@@ -213,7 +235,7 @@ impl Gpu {
 }
 
 /// The grouped-GEMM kernel for weights `wty` and `bm`-row tiles.
-fn gemm_kernel(wty: Option<QType>, bm: usize) -> &'static str {
+pub(crate) fn gemm_kernel(wty: Option<QType>, bm: usize) -> &'static str {
     match (wty, bm) {
         (None, 64) => "moe_gemm_m4",
         (None, _) => "moe_gemm",

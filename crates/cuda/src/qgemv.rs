@@ -6,7 +6,9 @@
 //!   the stored quants on a persistent grid, each weight read once for all the rows
 //!   ([`Gpu::qmv`], `kernels/qgemv.cu`); the MoE expert GEMV runs the same kernel over
 //!   (token, expert) pairs ([`Gpu::qmv_pairs`]).
-//! - up to [`QGEMM_TC_MAX_M`]: the grouped GEMM's tensor-core kernel in dense mode
+//! - up to [`crate::qmmq::QMMQ_MAX_M`] where K % 256 == 0: x quantized as for the GEMV, int8
+//!   tensor cores (mma.sync m16n8k32) over the stored quants ([`Gpu::qgemm_mmq`], qmmq.rs).
+//! - up to [`QGEMM_TC_MAX_M`] otherwise: the grouped GEMM's tensor-core kernel in dense mode
 //!   ([`Gpu::qgemm_tc`], moe_grouped.rs): weight tiles dequantized to bf16 in shared memory,
 //!   x bf16, every weight read once. The grouped expert GEMM does the same per expert.
 //! - larger M: the weights dequantized in row chunks to a bf16 scratch and cuBLAS.
@@ -146,6 +148,8 @@ pub const QGEMM_TC_MAX_M: usize = 64;
 pub enum QPath {
     /// [`Gpu::qmv`], [`QmvVariant::MAX_M`] rows of x a launch.
     Gemv,
+    /// [`Gpu::qgemm_mmq`] (qmmq.rs): x quantized to int8, int8 tensor cores.
+    Mmq,
     /// [`Gpu::qgemm_tc`].
     TensorCore,
     /// Row chunks dequantized to bf16, cuBLAS.
@@ -165,10 +169,15 @@ impl QPath {
                 && QmvVariant::for_m(QType::Q8_0, m.min(QmvVariant::MAX_M))
                     .is_some_and(|v| v.smem(k) <= max_smem / share)
         };
-        if (m <= QMV_GEMV_MAX_M && (fits(m, 2) || (m == 1 && fits(1, 1))))
+        let mmq = tc && k % 256 == 0 && m <= crate::qmmq::QMMQ_MAX_M && mmq_from().is_some();
+        if mmq && mmq_from().is_some_and(|lo| m >= lo) {
+            QPath::Mmq
+        } else if (m <= QMV_GEMV_MAX_M && (fits(m, 2) || (m == 1 && fits(1, 1))))
             || (!tc && m <= 32 && fits(m, 1))
         {
             QPath::Gemv
+        } else if mmq {
+            QPath::Mmq
         } else if tc && m <= QGEMM_TC_MAX_M {
             QPath::TensorCore
         } else {
@@ -445,6 +454,22 @@ fn bulk_min_k() -> usize {
         _ => QmvVariant::BULK_MIN_K,
     })
 }
+
+/// The fewest rows of x [`QPath::choose`] gives the int8 tensor-core kernel where K % 256 == 0
+/// (below it the GEMV where x fits it, else this kernel): by default [`QMMQ_FROM_M`];
+/// `MLASERVE_QMMQ=0` (comparisons, read once): never (None); `=all`: from 2 rows.
+fn mmq_from() -> Option<usize> {
+    static R: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *R.get_or_init(|| match std::env::var("MLASERVE_QMMQ").as_deref() {
+        Ok("0") => None,
+        Ok("all") => Some(2),
+        _ => Some(QMMQ_FROM_M),
+    })
+}
+
+/// Rows of x from which the int8 tensor-core kernel beats the GEMV (bench/cuda/qgemv.md,
+/// session 23: at 8 rows on every shape, at 4 on the large ones only, at 2 on none).
+pub const QMMQ_FROM_M: usize = 5;
 
 /// `MLASERVE_QMV_W3=0` (comparisons, read once): never [`QmvVariant::WIDE3`].
 fn w3_allowed() -> bool {
@@ -1006,16 +1031,20 @@ impl Gpu {
         }
     }
 
-    /// out[M, rows] (+)= x[M, cols] . W^T for any M, x bf16 [M, cols]: M = 1 as the int8 GEMV
-    /// over x quantized per 32 values; up to [`QGEMM_TC_MAX_M`] (sm_80+) the tensor-core
-    /// kernel dequantizing weight tiles in shared memory; else W dequantized in row chunks
-    /// to a bf16 scratch (reserved, or the step arena) and cuBLAS.
+    /// How [`Gpu::qgemm`] computes `m` rows of x against `w` on this GPU.
+    pub fn qgemm_path(&self, w: &QMat, m: usize) -> QPath {
+        QPath::choose(m, w.cols, self.max_smem_per_block, self.has_flash_attn())
+    }
+
+    /// out[M, rows] (+)= x[M, cols] . W^T for any M, x bf16 [M, cols], by [`QPath::choose`]:
+    /// the int8 GEMV or the int8 tensor-core kernel over x quantized per 32 values; the
+    /// tensor-core kernel dequantizing weight tiles in shared memory; else W dequantized in
+    /// row chunks to a bf16 scratch (reserved, or the step arena) and cuBLAS.
     pub fn qgemm(&self, w: &QMat, m: usize, x: u64, out: u64, accumulate: bool) -> Result<()> {
         if m == 0 {
             return Ok(());
         }
-        let tc = self.has_flash_attn();
-        match QPath::choose(m, w.cols, self.max_smem_per_block, tc) {
+        match self.qgemm_path(w, m) {
             QPath::Gemv => {
                 for r0 in (0..m).step_by(QmvVariant::MAX_M) {
                     let n = (m - r0).min(QmvVariant::MAX_M);
@@ -1023,6 +1052,7 @@ impl Gpu {
                 }
                 return Ok(());
             }
+            QPath::Mmq => return self.qgemm_mmq(w, m, x, out, accumulate),
             QPath::TensorCore => return self.qgemm_tc(w, m, x, out, accumulate),
             QPath::Dequantize => {}
         }
@@ -1196,18 +1226,25 @@ mod tests {
         use QPath::*;
         let h200 = 227 << 10;
         let path = |m, _rows: usize, k| QPath::choose(m, k, h200, true);
-        // 1-8 rows: the GEMV while 8 rows of x leave room for two blocks (K = 10,944: 109 KB).
+        // 1-8 rows: the GEMV while 8 rows of x leave room for two blocks (K = 10,944: 109 KB),
+        // from QMMQ_FROM_M rows the int8 tensor-core kernel where K % 256 == 0.
         assert_eq!(path(1, 3072, 2048), Gemv);
+        assert_eq!(path(QMMQ_FROM_M - 1, 3072, 2048), Gemv);
+        assert_eq!(path(QMMQ_FROM_M, 3072, 2048), Mmq);
         assert_eq!(path(8, 2048, 10944), Gemv);
         // 8 rows of K = 18,432 would take 184 KB (one block per SM); one row still fits.
-        assert_eq!(path(8, 7168, 18432), TensorCore);
+        assert_eq!(path(8, 7168, 18432), Mmq);
         assert_eq!(path(1, 7168, 18432), Gemv);
-        // Past the GEMV's rows, the tensor-core kernel up to 64, then cuBLAS.
-        assert_eq!(path(9, 3072, 2048), TensorCore);
-        assert_eq!(path(64, 3072, 2048), TensorCore);
+        // Past the GEMV's rows the int8 tensor-core kernel up to 64 where K % 256 == 0, else
+        // the bf16 one; then cuBLAS.
+        assert_eq!(path(9, 3072, 2048), Mmq);
+        assert_eq!(path(64, 3072, 2048), Mmq);
+        assert_eq!(path(9, 3072, 2080), TensorCore);
+        assert_eq!(path(64, 3072, 10944), TensorCore);
         assert_eq!(path(65, 3072, 2048), Dequantize);
         // K past the GEMV's limit.
-        assert_eq!(path(1, 64, QMV_MAX_K + 256), TensorCore);
+        assert_eq!(path(1, 64, QMV_MAX_K + 256), Mmq);
+        assert_eq!(path(1, 64, QMV_MAX_K + 32), TensorCore);
         // Without tensor cores (pre-sm_80, 96 KB): GEMVs up to 32 rows where they fit.
         let old = |m, k| QPath::choose(m, k, 96 << 10, false);
         assert_eq!(old(1, QMV_MAX_K + 256), Dequantize);

@@ -2735,6 +2735,9 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         (QType::Q4K, 1024, 7168, false),
         (QType::Q8_0, 301, 1024, false), // odd rows: a last row group of one
         (QType::Q4K, 257, 1024, false),
+        // one chunk of 256: the int8 tensor-core kernel without a split along K
+        (QType::Q4K, 520, 256, false),
+        (QType::Q8_0, 72, 256, false),
     ];
     for &(ty, rows, k, sweep) in &cases {
         let ggml = ty.ggml();
@@ -2790,7 +2793,9 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 })
                 .collect()
         };
-        let want = dot(8, &wf, &|i| xq[i] as f64 * xdq[i / 32] as f64);
+        // (64 vectors where the int8 tensor-core kernel takes the matrix: k % 256 == 0)
+        let nq = if k % 256 == 0 { 64 } else { 8 };
+        let want = dot(nq, &wf, &|i| xq[i] as f64 * xdq[i / 32] as f64);
         let want_x = dot(8, &wf, &|i| x[i] as f64);
         let want_bf = dot(mmax, &wr, &|i| x[i] as f64);
         let shape = |m: usize| format!("{ty:?} [{rows} x {k}] M{m}");
@@ -2917,9 +2922,31 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             });
             rep.check("qgemm accumulate", shape(m), "q*i8>f32", err, 1e-4);
         }
+        // The int8 tensor-core kernel (k % 256 == 0): 1 to 64 rows (every tile count, partial
+        // tiles, accumulate), over the quantized x, and the split along K on and off (a
+        // matrix of few rows splits; the large ones do not).
+        if gpu.has_flash_attn() && gpu.mmq_fits(&wd, 2) {
+            for (m, acc) in [
+                (2usize, false),
+                (5, true),
+                (8, false),
+                (9, false),
+                (16, true),
+            ]
+            .into_iter()
+            .chain([(17, false), (31, true), (33, false), (64, true), (1, false)])
+            {
+                let err = run(m, acc, &want, &|o| {
+                    gpu.qgemm_mmq(&wd, m, xb.ptr(), o, acc).unwrap()
+                });
+                rep.check("qgemm_mmq", shape(m), "q*i8>f32", err, 1e-4);
+            }
+            assert!(gpu.qgemm_mmq(&wd, 65, xb.ptr(), 0, false).is_err());
+        }
         // The tensor-core kernel (16- and 64-row tiles, partial ones): straight through
-        // `qgemm_tc` from 5 rows, through `qgemm` past the GEMV's 8; M = 80: dequantize +
-        // cuBLAS. All over the bf16-rounded weights.
+        // `qgemm_tc` from 5 rows, over the bf16-rounded weights; `qgemm` past the GEMV's 8
+        // rows against the reference of the path it takes (the int8 kernel: the quantized x;
+        // the bf16 one: the bf16-rounded weights); M = 80: dequantize + cuBLAS.
         if gpu.has_flash_attn() {
             for (m, acc) in [(5usize, false), (13, true), (16, false)] {
                 let err = run(m, acc, &want_bf, &|o| {
@@ -2928,10 +2955,21 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 rep.check("qgemm_tc", shape(m), "q>bf16>f32", err, 1e-4);
             }
             for (m, acc) in [(12usize, true), (17, false), (40, false), (64, true)] {
-                let err = run(m, acc, &want_bf, &|o| {
+                let path = gpu.qgemm_path(&wd, m);
+                let (reference, ty_s) = match path {
+                    mlaserve_cuda::qgemv::QPath::Mmq => (&want, "q*i8>f32"),
+                    _ => (&want_bf, "q>bf16>f32"),
+                };
+                let err = run(m, acc, reference, &|o| {
                     gpu.qgemm(&wd, m, xb.ptr(), o, acc).unwrap()
                 });
-                rep.check("qgemm tensor core", shape(m), "q>bf16>f32", err, 1e-4);
+                rep.check(
+                    "qgemm tensor core",
+                    format!("{} {path:?}", shape(m)),
+                    ty_s,
+                    err,
+                    1e-4,
+                );
             }
         }
         let err = run(mmax, false, &want_bf, &|o| {
@@ -3051,7 +3089,7 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 let mut outs = Vec::new();
                 for (wty, p) in [(Some(ty), &qptrs), (None, &bptrs)] {
                     let out = poisoned::<f32>(gpu, t * kk * rows);
-                    gpu.moe_gemm(
+                    gpu.moe_gemm_tiles(
                         &sorted,
                         wty,
                         p.ptr(),
@@ -3077,6 +3115,55 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                     mism as f64,
                     0.0,
                 );
+                // The int8 tensor-core kernel (`moe_gemm`'s path where k % 256 == 0): sorted
+                // row r against the CPU dequantization times pair order[r]'s x row quantized
+                // per 32 values, in f64 (the second expert has its own copy of the weights).
+                if gpu.moe_mmq_fits(k) {
+                    let out = poisoned::<f32>(gpu, t * kk * rows);
+                    gpu.moe_mmq(
+                        &sorted,
+                        ty,
+                        qptrs.ptr(),
+                        xs.ptr(),
+                        kk,
+                        true,
+                        rows,
+                        k,
+                        out.ptr(),
+                    )
+                    .unwrap();
+                    let got = gpu.to_host(&out).unwrap();
+                    let order = gpu.to_host(&sorted.order).unwrap();
+                    let xf: Vec<f32> = xt
+                        .iter()
+                        .map(|&b| f32::from_bits((b as u32) << 16))
+                        .collect();
+                    let mut xqf = vec![0f64; xf.len()];
+                    for (blk, o) in xf.chunks(32).zip(xqf.chunks_mut(32)) {
+                        let d = blk.iter().fold(0f32, |a, &v| a.max(v.abs())) / 127.0;
+                        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+                        for (v, o) in blk.iter().zip(o) {
+                            *o = (v * id).round() as f64 * d as f64;
+                        }
+                    }
+                    let want: Vec<f32> = (0..t * kk * rows)
+                        .into_par_iter()
+                        .map(|i| {
+                            let (r, c) = (i / rows, i % rows);
+                            let src = order[r] as usize / kk;
+                            (0..k)
+                                .map(|j| wf[c * k + j] as f64 * xqf[src * k + j])
+                                .sum::<f64>() as f32
+                        })
+                        .collect();
+                    rep.check(
+                        "moe_mmq",
+                        format!("{ty:?} [{rows} x {k}] pairs{}", t * kk),
+                        "q*i8>f32",
+                        rel_err(&got, &want),
+                        1e-4,
+                    );
+                }
             }
         }
     }

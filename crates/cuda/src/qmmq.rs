@@ -1,0 +1,204 @@
+//! Dense products of 2 ..= [`QMMQ_MAX_M`] rows of x with Q4_K / Q8_0 weights on int8 tensor
+//! cores (`kernels/qmmq.cu`, llama.cpp's MMQ scheme): x is quantized per 32 values by the
+//! GEMV's rule (`q8_block`, so the CPU executor's activations) into chunk order by one launch,
+//! then each 32-value sub-block of W against it is one `mma.sync m16n8k32` s8, the scales
+//! applied in f32. The result is the exact product of the stored weights and the quantized x
+//! up to f32 summation order — the GEMV's contract, not the bf16 tensor-core path's.
+//!
+//! Invariants: k % 256 == 0 (whole Q4_K super-blocks; Q8_0's scale rows 16-byte aligned);
+//! sm_80+; the grid's splits along K never exceed the chunks (each split has >= 1), and their
+//! partial sums are added in split order (`qgemm_reduce`), so results never depend on
+//! scheduling.
+
+use crate::args;
+use crate::error::{CudaError, Result};
+use crate::gpu::Gpu;
+use crate::moe_grouped::{moe_max_tiles, moe_tile_rows, SortedPairs};
+use crate::qgemv::{QMat, QType};
+use cudarc::driver::LaunchConfig;
+
+/// Most rows of x a launch takes (8 tiles of 8).
+pub const QMMQ_MAX_M: usize = 64;
+
+/// Rows of x a kernel takes: 8 * its tiles.
+fn tiles(m: usize) -> usize {
+    match m {
+        0..=8 => 1,
+        9..=16 => 2,
+        17..=32 => 4,
+        _ => 8,
+    }
+}
+
+fn kernel(ty: QType, nt: usize) -> &'static str {
+    match (ty, nt) {
+        (QType::Q4K, 1) => "qmmq_q4_k_n1",
+        (QType::Q4K, 2) => "qmmq_q4_k_n2",
+        (QType::Q4K, 4) => "qmmq_q4_k_n4",
+        (QType::Q4K, _) => "qmmq_q4_k_n8",
+        (QType::Q8_0, 1) => "qmmq_q8_0_n1",
+        (QType::Q8_0, 2) => "qmmq_q8_0_n2",
+        (QType::Q8_0, 4) => "qmmq_q8_0_n4",
+        (QType::Q8_0, _) => "qmmq_q8_0_n8",
+    }
+}
+
+/// Shared memory of a launch with `nt` tiles: 3 stages of x (quants at a 288-byte row
+/// stride, then (dx, xs) of 8 sub-blocks) — qmmq.cu's MMQ_STAGES * mmq_stage_bytes.
+fn smem(nt: usize) -> usize {
+    3 * (8 * nt * 288 + 8 * 8 * nt * 8)
+}
+
+impl Gpu {
+    /// Whether [`Gpu::qgemm_mmq`] takes `m` rows against `w`.
+    pub fn mmq_fits(&self, w: &QMat, m: usize) -> bool {
+        self.has_flash_attn() && (1..=QMMQ_MAX_M).contains(&m) && w.cols % 256 == 0
+    }
+
+    /// out[M, rows] (+)= x[M, cols] . W^T, x bf16 [M, cols], out f32 [M, rows]: x quantized
+    /// per 32 values (q8_block's rule) by `q8_quantize_mmq` into the step's arena, then the
+    /// int8 tensor-core kernel (split along K where its row blocks are fewer than two an SM).
+    pub fn qgemm_mmq(&self, w: &QMat, m: usize, x: u64, out: u64, accumulate: bool) -> Result<()> {
+        if !self.mmq_fits(w, m) {
+            return Err(CudaError::Invalid(format!(
+                "qgemm_mmq: {m} rows of {:?} [{} x {}] on {} (1-{QMMQ_MAX_M} rows, \
+                 cols % 256 == 0, sm_80+)",
+                w.ty, w.rows, w.cols, self.arch
+            )));
+        }
+        let nt = tiles(m);
+        let mp = 8 * nt;
+        let chunks = w.cols / 256;
+        let xq = self.alloc::<i8>(chunks * mp * 256)?;
+        let xds = self.alloc::<f32>(2 * chunks * 8 * mp)?; // (dx, xs) pairs
+        let (m32, mp32, k32, n32) = (m as i32, mp as i32, w.cols as i32, w.rows as i32);
+        let (xqp, xdp) = (xq.ptr(), xds.ptr());
+        let blocks = mp * w.cols / 32;
+        self.launch(
+            "q8_quantize_mmq",
+            Gpu::cfg((blocks.div_ceil(256).min(4096) as u32, 1, 1), 256),
+            &args![x, m32, mp32, k32, xqp, xdp],
+        )?;
+        let name = kernel(w.ty, nt);
+        let bytes = smem(nt);
+        self.raise_smem(name, bytes)?;
+        let nblk = w.rows.div_ceil(64);
+        // Split along K only where the row blocks give fewer than two an SM (the partial sums
+        // cost a write and a read of splits * m * rows floats).
+        let splits = (2 * self.sm_count).div_ceil(nblk).min(chunks).clamp(1, 16);
+        let cfg = LaunchConfig {
+            grid_dim: (nblk as u32, splits as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: bytes as u32,
+        };
+        let wp = w.w.ptr();
+        if splits == 1 {
+            let acc = accumulate as i32;
+            return self.launch(name, cfg, &args![wp, n32, k32, xqp, xdp, m32, out, acc]);
+        }
+        let mn = m * w.rows;
+        let part = self.alloc::<f32>(splits * mn)?;
+        let (pp, zero) = (part.ptr(), 0i32);
+        self.launch(name, cfg, &args![wp, n32, k32, xqp, xdp, m32, pp, zero])?;
+        let (sp, mn64, acc) = (splits as i32, mn as i64, accumulate as i32);
+        self.launch(
+            "qgemm_reduce",
+            Gpu::cfg((mn.div_ceil(256).min(4096) as u32, 1, 1), 256),
+            &args![pp, sp, mn64, acc, out],
+        )
+    }
+}
+
+impl Gpu {
+    /// Whether [`Gpu::moe_gemm`] takes quantized experts of `k` columns to [`Gpu::moe_mmq`].
+    pub fn moe_mmq_fits(&self, k: usize) -> bool {
+        self.has_flash_attn() && k % 256 == 0 && mmq_on()
+    }
+
+    /// [`Gpu::moe_gemm`] over quantized experts on the int8 tensor-core kernel: the sorted rows
+    /// quantized per 32 values tile by tile (`q8_quantize_mmq_grouped`, the tiles of
+    /// [`moe_tile_rows`]), then one launch over (64 output features, m-tile).
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_mmq(
+        &self,
+        s: &SortedPairs,
+        ty: QType,
+        w_ptrs: u64,
+        x: u64,
+        x_div: usize,
+        gather: bool,
+        n: usize,
+        k: usize,
+        out: u64,
+    ) -> Result<()> {
+        if !self.has_flash_attn() || k % 256 != 0 {
+            return Err(CudaError::Invalid(format!(
+                "moe_mmq over {ty:?} needs k % 256 == 0 and sm_80+, got k={k} on {}",
+                self.arch
+            )));
+        }
+        let bm = moe_tile_rows(s.pairs, s.held);
+        let nt = bm / 8;
+        let tiles = moe_max_tiles(s.pairs, s.held, bm);
+        let xq = self.alloc::<i8>(tiles * k * bm)?;
+        let xds = self.alloc::<f32>(2 * tiles * (k / 32) * bm)?;
+        let (o, off, to) = (s.order.ptr(), s.offsets.ptr(), s.tile_off.ptr());
+        let (xd, ga, h) = (x_div as i32, gather as i32, s.held as i32);
+        let (bm32, t32, n32, k32) = (bm as i32, tiles as i32, n as i32, k as i32);
+        let (xqp, xdp) = (xq.ptr(), xds.ptr());
+        let threads = tiles * bm * (k / 32);
+        self.launch(
+            "q8_quantize_mmq_grouped",
+            Gpu::cfg((threads.div_ceil(256).min(4096) as u32, 1, 1), 256),
+            &args![x, o, xd, ga, off, to, h, bm32, t32, k32, xqp, xdp],
+        )?;
+        let name = match (ty, nt) {
+            (QType::Q4K, 2) => "qmmq_grouped_q4_k_n2",
+            (QType::Q4K, _) => "qmmq_grouped_q4_k_n8",
+            (QType::Q8_0, 2) => "qmmq_grouped_q8_0_n2",
+            (QType::Q8_0, _) => "qmmq_grouped_q8_0_n8",
+        };
+        let bytes = smem(nt);
+        self.raise_smem(name, bytes)?;
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(64) as u32, tiles as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: bytes as u32,
+        };
+        self.launch(
+            name,
+            cfg,
+            &args![w_ptrs, off, to, h, n32, k32, xqp, xdp, out],
+        )
+    }
+}
+
+/// `MLASERVE_QMMQ=0` (comparisons, read once): never the int8 tensor-core kernels.
+pub(crate) fn mmq_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLASERVE_QMMQ").map_or(true, |v| v != "0"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_is_loaded_and_tiles_cover_m() {
+        for ty in [QType::Q4K, QType::Q8_0] {
+            assert!([16usize, 64].iter().all(|&bm| bm / 8 == 2 || bm / 8 == 8));
+            for m in 1..=QMMQ_MAX_M {
+                let nt = tiles(m);
+                assert!(
+                    8 * nt >= m && (nt == 1 || 8 * nt < 2 * m + 8),
+                    "m {m} nt {nt}"
+                );
+                assert!(crate::kernels::NAMES.contains(&kernel(ty, nt)));
+            }
+        }
+        // the source's stage size, for the largest tile count
+        assert!(crate::kernels::SOURCE.contains("#define MMQ_XS 288"));
+        assert!(crate::kernels::SOURCE.contains("#define MMQ_STAGES 3"));
+        assert_eq!(smem(8), 3 * (64 * 288 + 64 * 64));
+    }
+}

@@ -85,7 +85,10 @@ impl Gpu {
         let nblk = w.rows.div_ceil(64);
         // Split along K only where the row blocks give fewer than two an SM (the partial sums
         // cost a write and a read of splits * m * rows floats).
-        let splits = (2 * self.sm_count).div_ceil(nblk).min(chunks).clamp(1, 16);
+        let splits = forced_splits()
+            .unwrap_or_else(|| (2 * self.sm_count).div_ceil(nblk))
+            .min(chunks)
+            .clamp(1, 16);
         let cfg = LaunchConfig {
             grid_dim: (nblk as u32, splits as u32, 1),
             block_dim: (128, 1, 1),
@@ -171,6 +174,13 @@ impl Gpu {
             &args![w_ptrs, off, to, h, n32, k32, xqp, xdp, out],
         )
     }
+}
+
+/// `MLASERVE_QMMQ_SPLITS=n` (lab, read once): dense launches split along K n ways (at most
+/// the chunks, 16), not by the rule.
+fn forced_splits() -> Option<usize> {
+    static N: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::env::var("MLASERVE_QMMQ_SPLITS").ok()?.parse().ok())
 }
 
 /// `MLASERVE_QMMQ=0` (comparisons, read once): never the int8 tensor-core kernels.

@@ -91,7 +91,7 @@ impl Gpu {
             .clamp(1, 16);
         let cfg = LaunchConfig {
             grid_dim: (nblk as u32, splits as u32, 1),
-            block_dim: (128, 1, 1),
+            block_dim: (block_threads(), 1, 1),
             shared_mem_bytes: bytes as u32,
         };
         let wp = w.w.ptr();
@@ -149,10 +149,10 @@ impl Gpu {
         let (xd, ga, h) = (x_div as i32, gather as i32, s.held as i32);
         let (bm32, t32, n32, k32) = (bm as i32, tiles as i32, n as i32, k as i32);
         let (xqp, xdp) = (xq.ptr(), xds.ptr());
-        let threads = tiles * bm * (k / 32);
+        let blocks = tiles * bm * (k / 32);
         self.launch(
             "q8_quantize_mmq_grouped",
-            Gpu::cfg((threads.div_ceil(256).min(4096) as u32, 1, 1), 256),
+            Gpu::cfg((blocks.div_ceil(256).min(4096) as u32, 1, 1), 256),
             &args![x, o, xd, ga, off, to, h, bm32, t32, k32, xqp, xdp],
         )?;
         let name = match (ty, nt) {
@@ -165,7 +165,7 @@ impl Gpu {
         self.raise_smem(name, bytes)?;
         let cfg = LaunchConfig {
             grid_dim: (n.div_ceil(64) as u32, tiles as u32, 1),
-            block_dim: (128, 1, 1),
+            block_dim: (block_threads(), 1, 1),
             shared_mem_bytes: bytes as u32,
         };
         self.launch(
@@ -174,6 +174,22 @@ impl Gpu {
             &args![w_ptrs, off, to, h, n32, k32, xqp, xdp, out],
         )
     }
+}
+
+/// Threads a block: 128, or 256 where the kernels were built with `-DMMQ_WARPS=8` (lab:
+/// `MLASERVE_KERNEL_DEFINES`, two warps a row group each on half of a chunk's sub-blocks).
+fn block_threads() -> u32 {
+    static T: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *T.get_or_init(|| {
+        let eight = crate::kernels::lab_defines()
+            .iter()
+            .any(|d| d == "-DMMQ_WARPS=8");
+        if eight {
+            256
+        } else {
+            128
+        }
+    })
 }
 
 /// `MLASERVE_QMMQ_SPLITS=n` (lab, read once): dense launches split along K n ways (at most

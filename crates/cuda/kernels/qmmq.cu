@@ -54,6 +54,7 @@ __device__ __forceinline__ bool mmq_tile(const int* offsets, const int* tile_off
 #define MMQ_WARPS 4
 #endif
 #define MMQ_H (MMQ_WARPS / 4)  // warps a row group: each takes 8 / MMQ_H sub-blocks a chunk
+static_assert(MMQ_WARPS == 4 || MMQ_WARPS == 8, "MMQ_WARPS is 4 or 8 (qmmq.rs: block_threads)");
 
 __device__ __forceinline__ void mmq_mma(unsigned* c, const unsigned* a, unsigned b0, unsigned b1) {
     asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "

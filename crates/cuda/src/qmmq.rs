@@ -43,6 +43,16 @@ fn kernel(ty: QType, nt: usize) -> &'static str {
     }
 }
 
+/// The grouped kernel for tiles of 8 `nt` rows ([`moe_tile_rows`]: 16 or 64).
+fn grouped_kernel(ty: QType, nt: usize) -> &'static str {
+    match (ty, nt) {
+        (QType::Q4K, 2) => "qmmq_grouped_q4_k_n2",
+        (QType::Q4K, _) => "qmmq_grouped_q4_k_n8",
+        (QType::Q8_0, 2) => "qmmq_grouped_q8_0_n2",
+        (QType::Q8_0, _) => "qmmq_grouped_q8_0_n8",
+    }
+}
+
 /// Shared memory of a launch with `nt` tiles: 3 stages of x (quants at a 288-byte row
 /// stride, then (dx, xs) of 8 sub-blocks) — qmmq.cu's MMQ_STAGES * mmq_stage_bytes.
 fn smem(nt: usize) -> usize {
@@ -52,7 +62,11 @@ fn smem(nt: usize) -> usize {
 impl Gpu {
     /// Whether [`Gpu::qgemm_mmq`] takes `m` rows against `w`.
     pub fn mmq_fits(&self, w: &QMat, m: usize) -> bool {
-        self.has_flash_attn() && (1..=QMMQ_MAX_M).contains(&m) && w.cols % 256 == 0
+        self.has_flash_attn()
+            && (1..=QMMQ_MAX_M).contains(&m)
+            && w.rows > 0
+            && w.cols > 0
+            && w.cols % 256 == 0
     }
 
     /// out[M, rows] (+)= x[M, cols] . W^T, x bf16 [M, cols], out f32 [M, rows]: x quantized
@@ -155,12 +169,7 @@ impl Gpu {
             Gpu::cfg((blocks.div_ceil(256).min(4096) as u32, 1, 1), 256),
             &args![x, o, xd, ga, off, to, h, bm32, t32, k32, xqp, xdp],
         )?;
-        let name = match (ty, nt) {
-            (QType::Q4K, 2) => "qmmq_grouped_q4_k_n2",
-            (QType::Q4K, _) => "qmmq_grouped_q4_k_n8",
-            (QType::Q8_0, 2) => "qmmq_grouped_q8_0_n2",
-            (QType::Q8_0, _) => "qmmq_grouped_q8_0_n8",
-        };
+        let name = grouped_kernel(ty, nt);
         let bytes = smem(nt);
         self.raise_smem(name, bytes)?;
         let cfg = LaunchConfig {
@@ -181,10 +190,13 @@ impl Gpu {
 fn block_threads() -> u32 {
     static T: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *T.get_or_init(|| {
-        let eight = crate::kernels::lab_defines()
+        // the last definition wins, in NVRTC as here
+        let warps = crate::kernels::lab_defines()
             .iter()
-            .any(|d| d == "-DMMQ_WARPS=8");
-        if eight {
+            .rev()
+            .find_map(|d| d.strip_prefix("-DMMQ_WARPS="))
+            .unwrap_or("4");
+        if warps == "8" {
             256
         } else {
             128
@@ -212,14 +224,19 @@ mod tests {
     #[test]
     fn every_kernel_is_loaded_and_tiles_cover_m() {
         for ty in [QType::Q4K, QType::Q8_0] {
-            assert!([16usize, 64].iter().all(|&bm| bm / 8 == 2 || bm / 8 == 8));
             for m in 1..=QMMQ_MAX_M {
                 let nt = tiles(m);
-                assert!(
-                    8 * nt >= m && (nt == 1 || 8 * nt < 2 * m + 8),
-                    "m {m} nt {nt}"
-                );
+                // enough rows, and never more tiles than twice the rows need
+                assert!(8 * nt >= m && 8 * nt < 2 * m + 8, "m {m} nt {nt}");
                 assert!(crate::kernels::NAMES.contains(&kernel(ty, nt)));
+            }
+            // the grouped kernels instantiated for every tile size the sort can choose
+            for (pairs, held) in [(6, 64), (384, 64), (4096, 64), (1, 1)] {
+                let bm = moe_tile_rows(pairs, held);
+                let name = grouped_kernel(ty, bm / 8);
+                assert!(crate::kernels::NAMES.contains(&name), "{name}");
+                let nt = if name.ends_with("_n2") { 2 } else { 8 };
+                assert_eq!(nt, bm / 8, "{name} for {bm}-row tiles");
             }
         }
         // the source's stage size, for the largest tile count

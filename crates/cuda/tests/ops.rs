@@ -2738,6 +2738,8 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         // one chunk of 256: the int8 tensor-core kernel without a split along K
         (QType::Q4K, 520, 256, false),
         (QType::Q8_0, 72, 256, false),
+        // 266 row blocks of 64: no split on 132 SMs, 8 chunks a block through the x ring
+        (QType::Q4K, 17000, 2048, false),
     ];
     for &(ty, rows, k, sweep) in &cases {
         let ggml = ty.ggml();
@@ -2923,8 +2925,9 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             rep.check("qgemm accumulate", shape(m), "q*i8>f32", err, 1e-4);
         }
         // The int8 tensor-core kernel (k % 256 == 0): 1 to 64 rows (every tile count, partial
-        // tiles, accumulate), over the quantized x, and the split along K on and off (a
-        // matrix of few rows splits; the large ones do not).
+        // tiles, accumulate), over the quantized x, and the split along K on and off (below
+        // two row blocks an SM it splits: every case here on an H200 but the 17,000-row one,
+        // which walks 8 chunks a block, and those of one chunk).
         if gpu.has_flash_attn() && gpu.mmq_fits(&wd, 2) {
             for (m, acc) in [
                 (2usize, false),
@@ -3075,8 +3078,9 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             mism as f64,
             0.0,
         );
-        // Grouped expert GEMM over quantized experts == over their bf16 dequantization.
-        if gpu.has_flash_attn() {
+        // Grouped expert GEMM over quantized experts == over their bf16 dequantization (not
+        // on the 17,000-row matrix: its f64 references would take the test's time).
+        if gpu.has_flash_attn() && rows <= 4096 {
             for t in [7usize, 300] {
                 let (kk, held) = (2usize, 3usize);
                 let ids: Vec<i32> = (0..t * kk).map(|_| rng.below(held) as i32).collect();
@@ -3116,53 +3120,68 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                     0.0,
                 );
                 // The int8 tensor-core kernel (`moe_gemm`'s path where k % 256 == 0): sorted
-                // row r against the CPU dequantization times pair order[r]'s x row quantized
-                // per 32 values, in f64 (the second expert has its own copy of the weights).
+                // row r against the CPU dequantization of its expert times its x row quantized
+                // per 32 values, in f64. Experts: this matrix, another one, none (zeros); x rows
+                // gathered (pair / 2) and, at 7 tokens, given in sorted order.
                 if gpu.moe_mmq_fits(k) {
-                    let out = poisoned::<f32>(gpu, t * kk * rows);
-                    gpu.moe_mmq(
-                        &sorted,
-                        ty,
-                        qptrs.ptr(),
-                        xs.ptr(),
-                        kk,
-                        true,
-                        rows,
-                        k,
-                        out.ptr(),
-                    )
-                    .unwrap();
-                    let got = gpu.to_host(&out).unwrap();
+                    let qm2 = QMatrix::quantize_from_f32(ggml, rows, k, &rng.vec(rows * k, 0.05))
+                        .unwrap();
+                    let wf2 = qm2.to_f32();
+                    let wq2 = gpu.upload_qmat(ty, rows, k, qm2.data()).unwrap();
+                    let mptrs = gpu.upload(&[wd.w.ptr(), wq2.w.ptr(), 0]).unwrap();
                     let order = gpu.to_host(&sorted.order).unwrap();
-                    let xf: Vec<f32> = xt
-                        .iter()
-                        .map(|&b| f32::from_bits((b as u32) << 16))
-                        .collect();
-                    let mut xqf = vec![0f64; xf.len()];
-                    for (blk, o) in xf.chunks(32).zip(xqf.chunks_mut(32)) {
-                        let d = blk.iter().fold(0f32, |a, &v| a.max(v.abs())) / 127.0;
-                        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-                        for (v, o) in blk.iter().zip(o) {
-                            *o = (v * id).round() as f64 * d as f64;
+                    let quant = |xb: &[u16]| -> Vec<f64> {
+                        let xf: Vec<f32> = xb
+                            .iter()
+                            .map(|&b| f32::from_bits((b as u32) << 16))
+                            .collect();
+                        let mut xq = vec![0f64; xf.len()];
+                        for (blk, o) in xf.chunks(32).zip(xq.chunks_mut(32)) {
+                            let d = blk.iter().fold(0f32, |a, &v| a.max(v.abs())) / 127.0;
+                            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+                            for (v, o) in blk.iter().zip(o) {
+                                *o = (v * id).round() as f64 * d as f64;
+                            }
                         }
+                        xq
+                    };
+                    let xp: Vec<u16> = rng.vec(t * kk * k, 1.0).iter().map(|&v| bf(v)).collect();
+                    let xpd = gpu.upload(&xp).unwrap();
+                    let gathers: &[bool] = if t <= 8 { &[true, false] } else { &[true] };
+                    for &gather in gathers {
+                        let (xd, xq) = if gather {
+                            (xs.ptr(), quant(&xt))
+                        } else {
+                            (xpd.ptr(), quant(&xp))
+                        };
+                        let out = poisoned::<f32>(gpu, t * kk * rows);
+                        gpu.moe_mmq(&sorted, ty, mptrs.ptr(), xd, kk, gather, rows, k, out.ptr())
+                            .unwrap();
+                        let got = gpu.to_host(&out).unwrap();
+                        let want: Vec<f32> = (0..t * kk * rows)
+                            .into_par_iter()
+                            .map(|i| {
+                                let (r, c) = (i / rows, i % rows);
+                                let p = order[r] as usize;
+                                let src = if gather { p / kk } else { r };
+                                let w = match ids[p] {
+                                    0 => &wf,
+                                    1 => &wf2,
+                                    _ => return 0.0,
+                                };
+                                (0..k)
+                                    .map(|j| w[c * k + j] as f64 * xq[src * k + j])
+                                    .sum::<f64>() as f32
+                            })
+                            .collect();
+                        rep.check(
+                            "moe_mmq",
+                            format!("{ty:?} [{rows} x {k}] pairs{} gather {gather}", t * kk),
+                            "q*i8>f32",
+                            rel_err(&got, &want),
+                            1e-4,
+                        );
                     }
-                    let want: Vec<f32> = (0..t * kk * rows)
-                        .into_par_iter()
-                        .map(|i| {
-                            let (r, c) = (i / rows, i % rows);
-                            let src = order[r] as usize / kk;
-                            (0..k)
-                                .map(|j| wf[c * k + j] as f64 * xqf[src * k + j])
-                                .sum::<f64>() as f32
-                        })
-                        .collect();
-                    rep.check(
-                        "moe_mmq",
-                        format!("{ty:?} [{rows} x {k}] pairs{}", t * kk),
-                        "q*i8>f32",
-                        rel_err(&got, &want),
-                        1e-4,
-                    );
                 }
             }
         }

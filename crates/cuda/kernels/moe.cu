@@ -507,6 +507,11 @@ extern "C" __global__ void __launch_bounds__(256) moe_norm_route_cl(
     }
     // Every logit of the token is in block 0's lg once this barrier completes.
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#ifdef MOE_SHARED_EARLY
+    // Lab: the expert GEMV's shared slices read hnb without waiting for this grid
+    // (moe_gemv_swiglu): block 0's rows at gpu scope before the next kernel is let in.
+    if (late & 1) __threadfence();
+#endif
     if (late & 1) MLA_PDL_LAUNCH();
     if (rank != 0) return;
     const int ko = k + ns;
@@ -660,6 +665,34 @@ extern "C" __global__ void moe_gemv_swiglu(const unsigned long long* w_ptrs, int
         we = ex >= 0 && ex < held ? (const bf16*)w_ptrs[ex] : nullptr;
         if (we) load_2rows4(a, b, we + (i64)i * n, we + (i64)(fs + i) * n, lane * 8, n);
     }
+#ifdef MOE_SHARED_EARLY
+    // Lab (tab_on bit 1, Gpu::shared_nowait): the kernel before is moe_norm_route_cl, which
+    // let this grid in after writing and fencing x's rows (hnb), so a slice's block — needing
+    // no id — reads its row (ld.global.cg: never a line an earlier layer left in L1) into
+    // shared memory and runs without the wait; the routed blocks still wait, so the kernel
+    // after this one still starts only once the routing has completed. Same sums, same bits.
+    __shared__ __align__(16) bf16 x_early[8192];
+    const int ex_s = e_routed + slice - first;
+    if ((tab_on & 2) && slice >= 0 && n <= 8192 && ex_s >= 0 && ex_s < held &&
+        w_ptrs[ex_s] != 0ull) {
+        const bf16* xr = x + (i64)(p / x_div) * n;
+        for (int c = threadIdx.x * 8; c < n; c += blockDim.x * 8) {
+            uint4 v;
+            asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                         : "l"(xr + c));
+            *(uint4*)&x_early[c] = v;
+        }
+        __syncthreads();
+        MLA_PDL_LAUNCH();
+        if (i >= f) return;
+        float g = 0.f, u = 0.f;
+        warp_2rows_dot_from(a, b, we + (i64)i * n, we + (i64)(fs + i) * n, x_early, n, lane, g, u);
+        if (lane == 0) act[(i64)p * f + i] = f2bf(g / (1.f + __expf(-g)) * u);
+        return;
+    }
+    tab_on &= 1;
+#endif
     __shared__ unsigned long long tab_s[MOE_TAB_MAX];
     const unsigned long long* tab = stage_table(w_ptrs, held, tab_on, tab_s);
     MLA_PDL();

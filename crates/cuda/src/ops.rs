@@ -803,6 +803,16 @@ pub struct KvFinish {
 /// Whether the fused expert kernels (`moe_gemv_swiglu`, `moe_gemv_combine`) copy the expert
 /// pointer table into shared memory before their wait (moe.cu's `stage_table`; 1 or 0 as the
 /// kernels take it). `MLASERVE_MOE_TABLE=0`: never, for comparisons.
+/// `moe_norm_route_cl`'s `late` bits (read once): 1 `MLASERVE_ROUTE_LATE`, 2
+/// `MLASERVE_ROUTE_RANK`, both on unless set to 0 (`Gpu::moe_norm_route_with`).
+fn route_late_bits() -> i32 {
+    static LATE: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    *LATE.get_or_init(|| {
+        let on = |k: &str| std::env::var(k).map_or(true, |v| v != "0");
+        on("MLASERVE_ROUTE_LATE") as i32 | (on("MLASERVE_ROUTE_RANK") as i32) << 1
+    })
+}
+
 fn moe_table() -> i32 {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("MLASERVE_MOE_TABLE").map_or(true, |v| v != "0")) as i32
@@ -948,11 +958,7 @@ impl Gpu {
             // taken for group-limited routing): V2-Lite b1 1,888.2-1,888.8 µs a step against
             // 1,894.7-1,895.7 in three rounds (session 21). `MLASERVE_ROUTE_RANK=0`: the warp's
             // rounds, for comparisons.
-            static LATE: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
-            let late = *LATE.get_or_init(|| {
-                let on = |k: &str| std::env::var(k).map_or(true, |v| v != "0");
-                on("MLASERVE_ROUTE_LATE") as i32 | (on("MLASERVE_ROUTE_RANK") as i32) << 1
-            });
+            let late = route_late_bits();
             return self.launch_cluster(
                 "moe_norm_route_cl",
                 Gpu::cfg((cl, t as u32, 1), 256),
@@ -1039,6 +1045,26 @@ impl Gpu {
         views: SliceViews,
         act: u64,
     ) -> Result<()> {
+        let (w, ex) = (w_ptrs, (first, held, ids, x, x_div, k_routed));
+        self.moe_gemv_swiglu_after(pairs, w, ex, n, f, views, act, false)
+    }
+
+    /// [`Gpu::moe_gemv_swiglu`]; `nowait` (lab, kernels built with `-DMOE_SHARED_EARLY`; the
+    /// caller vouches that the kernel before this one is `moe_norm_route_cl` letting it in
+    /// after x's rows are written, [`Gpu::shared_nowait`]): the shared slices' blocks read x
+    /// without waiting for that kernel to complete.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_gemv_swiglu_after(
+        &self,
+        pairs: usize,
+        w_ptrs: u64,
+        (first, held, ids, x, x_div, k_routed): (usize, usize, u64, u64, usize, usize),
+        n: usize,
+        f: usize,
+        views: SliceViews,
+        act: u64,
+        nowait: bool,
+    ) -> Result<()> {
         if n % 8 != 0 || x_div == 0 || k_routed > x_div {
             return Err(CudaError::Invalid(format!(
                 "moe_gemv_swiglu needs n % 8 == 0, x_div > 0 and k_routed <= x_div, got n {n}, \
@@ -1056,25 +1082,25 @@ impl Gpu {
         let (fi, hd, xd, n32, f32_) = (first as i32, held as i32, x_div as i32, n as i32, f as i32);
         let (er, fs) = views.args();
         let kr = kr as i32;
+        let tab = moe_table() | (((nowait && kr < xd) as i32) << 1);
         self.launch(
             "moe_gemv_swiglu",
             Gpu::cfg((f.div_ceil(8) as u32, pairs as u32, 1), 256),
-            &args![
-                w_ptrs,
-                fi,
-                hd,
-                ids,
-                x,
-                xd,
-                n32,
-                f32_,
-                er,
-                fs,
-                kr,
-                act,
-                moe_table()
-            ],
+            &args![w_ptrs, fi, hd, ids, x, xd, n32, f32_, er, fs, kr, act, tab],
         )
+    }
+
+    /// Whether the shared slices of the expert GEMV after [`Gpu::moe_norm_route`] may skip
+    /// their wait ([`Gpu::moe_gemv_swiglu_after`]): the kernels were built with
+    /// `-DMOE_SHARED_EARLY` (lab: `MLASERVE_KERNEL_DEFINES`) and the routing runs on the
+    /// cluster kernel, which lets the next kernel in only after its logits (so after x's rows)
+    /// and then fences at gpu scope.
+    pub fn shared_nowait(&self, c: &RouteCfg, h: usize) -> bool {
+        crate::kernels::lab_defines()
+            .iter()
+            .any(|d| d == "-DMOE_SHARED_EARLY")
+            && self.route_cluster(c, h).is_some()
+            && route_late_bits() & 1 != 0
     }
 
     /// x[t, r] += sum_j w[t, j] * (W_{ids[t, j]}[r, :] . act[t*k + j, :]) for `t` tokens of

@@ -2485,6 +2485,25 @@ fn moe_slices(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             0.0,
         );
     }
+    // The slices without their wait (`nowait`: the path of kernels built with
+    // -DMOE_SHARED_EARLY, a lab define; without it the flag is ignored): the same bits. x was
+    // written before this launch, as the routing kernel writes it before letting it in.
+    let early = poisoned::<u16>(gpu, t * k * f);
+    let ex = (0, held, idd.ptr(), xd.ptr(), k, 2);
+    gpu.moe_gemv_swiglu_after(t * k, gup.ptr(), ex, h, f, views, early.ptr(), true)
+        .unwrap();
+    let mism = (gpu.to_host(&early).unwrap().iter())
+        .zip(&act_h)
+        .filter(|(a, b)| a != b)
+        .count();
+    let lab = mlaserve_cuda::kernels::lab_defines().join(" ");
+    rep.check(
+        "moe_gemv_swiglu",
+        format!("T{t} slices without the wait [{lab}]"),
+        "bf16",
+        mism as f64,
+        0.0,
+    );
     // The shared MLP as one expert of width fs, for each token.
     let one = gpu.upload(&[sgu.ptr()]).unwrap();
     let zero = gpu.upload(&[0i32; 2]).unwrap();

@@ -137,7 +137,7 @@ impl CudaExecutor {
                     ids.ptr(),
                     w.ptr(),
                 )?;
-                Some((ids, w, s))
+                Some((ids, w, s, true))
             }
             FfnIn::Residual { .. } => {
                 return Err(CudaError::Invalid(format!(
@@ -157,7 +157,7 @@ impl CudaExecutor {
                 if small {
                     let s = small_slices(m, t);
                     let (ids, w) = self.route_on_gpu(m, mc, t, &logits, s)?;
-                    Some((ids, w, s))
+                    Some((ids, w, s, false))
                 } else if t <= gpu_max {
                     self.moe_grouped(m, mc, t, &logits, hnb, out)?;
                     None
@@ -174,7 +174,10 @@ impl CudaExecutor {
             _ => false,
         };
         let small = match &routed {
-            Some((ids, w, s)) => Some(self.moe_small(m, mc, t, (ids, w, *s), hnb, out, defer)?),
+            Some((ids, w, s, after_route)) => {
+                let r = (ids, w, *s);
+                Some(self.moe_small(m, mc, t, r, hnb, out, defer, *after_route)?)
+            }
             None => None,
         };
         match (&m.shared, small) {
@@ -323,7 +326,9 @@ impl CudaExecutor {
     /// pairs alone on them. Else the per-pair GEMV chain, x quantized to int8 in each block
     /// for quantized experts (qgemv.rs), whose weighted sum is left pending (`defer`) for the
     /// shared expert's down projection to add. Both read an expert once a pair, so the shared
-    /// experts of several tokens (every token's) run apart, read once.
+    /// experts of several tokens (every token's) run apart, read once. `nowait`: the routing
+    /// kernel ran just before (the fused route), so the shared slices may skip their wait
+    /// where [`Gpu::shared_nowait`] allows it (a lab define).
     #[allow(clippy::too_many_arguments)]
     fn moe_small(
         &self,
@@ -334,6 +339,7 @@ impl CudaExecutor {
         hnb: &DBuf<u16>,
         out: u64,
         defer: bool,
+        nowait: bool,
     ) -> Result<Small> {
         let gpu = &self.gpu;
         let (h, f) = (self.model.config().hidden_size, m.experts[0].f);
@@ -352,20 +358,9 @@ impl CudaExecutor {
             };
             let act = gpu.alloc::<u16>(pairs * f)?;
             let (ip, ap) = (ids.ptr(), act.ptr());
-            gpu.moe_gemv_swiglu(
-                pairs,
-                gate_up,
-                first,
-                held,
-                ip,
-                hnb.ptr(),
-                k,
-                mc.top_k,
-                h,
-                f,
-                views,
-                ap,
-            )?;
+            let ex = (first, held, ip, hnb.ptr(), k, mc.top_k);
+            let nowait = nowait && gpu.shared_nowait(&route_cfg(m, mc, s), h);
+            gpu.moe_gemv_swiglu_after(pairs, gate_up, ex, h, f, views, ap, nowait)?;
             gpu.moe_gemv_combine(t, k, down, first, held, ip, ap, w.ptr(), f, h, views, out)?;
             return Ok(if s > 0 {
                 Small::WithShared

@@ -477,6 +477,12 @@ extern "C" __global__ void __launch_bounds__(256) moe_norm_route_cl(
             if (rank == 0) hrow[i] = f2bf(v);
         }
     }
+#ifdef MOE_SHARED_EARLY
+    // Lab: the expert GEMV's shared slices read hnb without waiting for this grid
+    // (moe_gemv_swiglu): each thread of block 0 fences its rows at gpu scope, before the
+    // barriers that precede letting the next kernel in.
+    if (rank == 0 && (late & 1)) __threadfence();
+#endif
     __syncthreads();
     unsigned lg0;
     asm("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(lg0) : "r"(mla_smem(lg)));
@@ -507,11 +513,6 @@ extern "C" __global__ void __launch_bounds__(256) moe_norm_route_cl(
     }
     // Every logit of the token is in block 0's lg once this barrier completes.
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#ifdef MOE_SHARED_EARLY
-    // Lab: the expert GEMV's shared slices read hnb without waiting for this grid
-    // (moe_gemv_swiglu): block 0's rows at gpu scope before the next kernel is let in.
-    if (late & 1) __threadfence();
-#endif
     if (late & 1) MLA_PDL_LAUNCH();
     if (rank != 0) return;
     const int ko = k + ns;

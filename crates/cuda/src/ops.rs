@@ -800,9 +800,6 @@ pub struct KvFinish {
     pub cache: u64,
 }
 
-/// Whether the fused expert kernels (`moe_gemv_swiglu`, `moe_gemv_combine`) copy the expert
-/// pointer table into shared memory before their wait (moe.cu's `stage_table`; 1 or 0 as the
-/// kernels take it). `MLASERVE_MOE_TABLE=0`: never, for comparisons.
 /// `moe_norm_route_cl`'s `late` bits (read once): 1 `MLASERVE_ROUTE_LATE`, 2
 /// `MLASERVE_ROUTE_RANK`, both on unless set to 0 (`Gpu::moe_norm_route_with`).
 fn route_late_bits() -> i32 {
@@ -813,6 +810,9 @@ fn route_late_bits() -> i32 {
     })
 }
 
+/// Whether the fused expert kernels (`moe_gemv_swiglu`, `moe_gemv_combine`) copy the expert
+/// pointer table into shared memory before their wait (moe.cu's `stage_table`; 1 or 0 as the
+/// kernels take it). `MLASERVE_MOE_TABLE=0`: never, for comparisons.
 fn moe_table() -> i32 {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("MLASERVE_MOE_TABLE").map_or(true, |v| v != "0")) as i32
@@ -1082,7 +1082,9 @@ impl Gpu {
         let (fi, hd, xd, n32, f32_) = (first as i32, held as i32, x_div as i32, n as i32, f as i32);
         let (er, fs) = views.args();
         let kr = kr as i32;
-        let tab = moe_table() | (((nowait && kr < xd) as i32) << 1);
+        // (routed blocks must remain: they wait, so the kernel after this one still starts
+        // only once the routing has completed)
+        let tab = moe_table() | (((nowait && 0 < kr && kr < xd) as i32) << 1);
         self.launch(
             "moe_gemv_swiglu",
             Gpu::cfg((f.div_ceil(8) as u32, pairs as u32, 1), 256),

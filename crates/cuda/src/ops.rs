@@ -1045,8 +1045,8 @@ impl Gpu {
         views: SliceViews,
         act: u64,
     ) -> Result<()> {
-        let (w, ex) = (w_ptrs, (first, held, ids, x, x_div, k_routed));
-        self.moe_gemv_swiglu_after(pairs, w, ex, n, f, views, act, false)
+        let ex = (first, held, ids, x, x_div, k_routed);
+        self.moe_gemv_swiglu_after(pairs, w_ptrs, ex, n, f, views, act, false)
     }
 
     /// [`Gpu::moe_gemv_swiglu`]; `nowait` (lab, kernels built with `-DMOE_SHARED_EARLY`; the

@@ -169,8 +169,9 @@ impl QPath {
                 && QmvVariant::for_m(QType::Q8_0, m.min(QmvVariant::MAX_M))
                     .is_some_and(|v| v.smem(k) <= max_smem / share)
         };
-        let mmq = tc && k % 256 == 0 && m <= crate::qmmq::QMMQ_MAX_M && mmq_from().is_some();
-        if mmq && mmq_from().is_some_and(|lo| m >= lo) {
+        let from = crate::qmmq::mmq_from();
+        let mmq = tc && k % 256 == 0 && m <= crate::qmmq::QMMQ_MAX_M && from.is_some();
+        if mmq && from.is_some_and(|lo| m >= lo) {
             QPath::Mmq
         } else if (m <= QMV_GEMV_MAX_M && (fits(m, 2) || (m == 1 && fits(1, 1))))
             || (!tc && m <= 32 && fits(m, 1))
@@ -452,18 +453,6 @@ fn bulk_min_k() -> usize {
         Ok("0") => usize::MAX,
         Ok("all") => 0,
         _ => QmvVariant::BULK_MIN_K,
-    })
-}
-
-/// The fewest rows of x [`QPath::choose`] gives the int8 tensor-core kernel where K % 256 == 0
-/// (below it the GEMV where x fits it, else this kernel): by default [`QMMQ_FROM_M`];
-/// `MLASERVE_QMMQ=0` (comparisons, read once): never (None); `=all`: from 2 rows.
-fn mmq_from() -> Option<usize> {
-    static R: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *R.get_or_init(|| match std::env::var("MLASERVE_QMMQ").as_deref() {
-        Ok("0") => None,
-        Ok("all") => Some(2),
-        _ => Some(QMMQ_FROM_M),
     })
 }
 

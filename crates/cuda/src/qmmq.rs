@@ -129,7 +129,7 @@ impl Gpu {
 impl Gpu {
     /// Whether [`Gpu::moe_gemm`] takes quantized experts of `k` columns to [`Gpu::moe_mmq`].
     pub fn moe_mmq_fits(&self, k: usize) -> bool {
-        self.has_flash_attn() && k % 256 == 0 && mmq_on()
+        self.has_flash_attn() && k % 256 == 0 && mmq_from().is_some()
     }
 
     /// [`Gpu::moe_gemm`] over quantized experts on the int8 tensor-core kernel: the sorted rows
@@ -211,10 +211,17 @@ fn forced_splits() -> Option<usize> {
     *N.get_or_init(|| std::env::var("MLASERVE_QMMQ_SPLITS").ok()?.parse().ok())
 }
 
-/// `MLASERVE_QMMQ=0` (comparisons, read once): never the int8 tensor-core kernels.
-pub(crate) fn mmq_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MLASERVE_QMMQ").map_or(true, |v| v != "0"))
+/// The fewest rows of x `QPath::choose` gives the int8 tensor-core kernel where K % 256 == 0
+/// (below it the GEMV where x fits it, else this kernel): by default
+/// [`crate::qgemv::QMMQ_FROM_M`]; `MLASERVE_QMMQ=0` (comparisons, read once): never (None),
+/// dense or grouped; `=all`: from 2 rows.
+pub(crate) fn mmq_from() -> Option<usize> {
+    static R: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *R.get_or_init(|| match std::env::var("MLASERVE_QMMQ").as_deref() {
+        Ok("0") => None,
+        Ok("all") => Some(2),
+        _ => Some(crate::qgemv::QMMQ_FROM_M),
+    })
 }
 
 #[cfg(test)]

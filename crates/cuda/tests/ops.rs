@@ -2722,6 +2722,22 @@ fn moe_grouped(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     }
 }
 
+/// x quantized per 32 values by the GPU's rule (`q8_block`; ggml's quantize_row_q8_0): int8
+/// values q = round(x / d) and scales d = amax / 127 per block.
+fn q8_host(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
+    let mut q = vec![0i8; x.len()];
+    let mut d = vec![0f32; x.len() / 32];
+    for (b, blk) in x.chunks(32).enumerate() {
+        let db = blk.iter().fold(0f32, |a, &v| a.max(v.abs())) / 127.0;
+        let id = if db > 0.0 { 1.0 / db } else { 0.0 };
+        for (j, &v) in blk.iter().enumerate() {
+            q[b * 32 + j] = (v * id).round() as i8;
+        }
+        d[b] = db;
+    }
+    (q, d)
+}
+
 /// Quantized weights kept compressed (`mlaserve_cuda::qgemv`), random weights quantized on the
 /// host with the crate's own quantizers:
 /// - x quantized to int8 per 32 values: exactly the host's rule (d = amax / 127,
@@ -2771,20 +2787,7 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             .upload(&x.iter().map(|&v| bf(v)).collect::<Vec<_>>())
             .unwrap();
         // x quantized on the host by the kernel's rule.
-        let (xq, xdq): (Vec<i8>, Vec<f32>) = {
-            let mut q = vec![0i8; mmax * k];
-            let mut d = vec![0f32; mmax * k / 32];
-            for (b, blk) in x.chunks(32).enumerate() {
-                let amax = blk.iter().fold(0f32, |a, &v| a.max(v.abs()));
-                let db = amax / 127.0;
-                let id = if db > 0.0 { 1.0 / db } else { 0.0 };
-                for (j, &v) in blk.iter().enumerate() {
-                    q[b * 32 + j] = (v * id).round() as i8;
-                }
-                d[b] = db;
-            }
-            (q, d)
-        };
+        let (xq, xdq) = q8_host(&x);
         let qx = gpu.quantize_x(xb.ptr(), mmax, k).unwrap();
         let gq = gpu.to_host(&qx.q).unwrap();
         let gd = gpu.to_host(&qx.d).unwrap();
@@ -3149,20 +3152,16 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                     let wq2 = gpu.upload_qmat(ty, rows, k, qm2.data()).unwrap();
                     let mptrs = gpu.upload(&[wd.w.ptr(), wq2.w.ptr(), 0]).unwrap();
                     let order = gpu.to_host(&sorted.order).unwrap();
+                    // x rows (bf16 bits) quantized by the kernel's rule, as f64 values
                     let quant = |xb: &[u16]| -> Vec<f64> {
                         let xf: Vec<f32> = xb
                             .iter()
                             .map(|&b| f32::from_bits((b as u32) << 16))
                             .collect();
-                        let mut xq = vec![0f64; xf.len()];
-                        for (blk, o) in xf.chunks(32).zip(xq.chunks_mut(32)) {
-                            let d = blk.iter().fold(0f32, |a, &v| a.max(v.abs())) / 127.0;
-                            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-                            for (v, o) in blk.iter().zip(o) {
-                                *o = (v * id).round() as f64 * d as f64;
-                            }
-                        }
-                        xq
+                        let (q, d) = q8_host(&xf);
+                        (q.iter().enumerate())
+                            .map(|(i, &v)| v as f64 * d[i / 32] as f64)
+                            .collect()
                     };
                     let xp: Vec<u16> = rng.vec(t * kk * k, 1.0).iter().map(|&v| bf(v)).collect();
                     let xpd = gpu.upload(&xp).unwrap();

@@ -27,10 +27,13 @@ typedef long long i64;
 // MLA_PDL_WAIT() then MLA_PDL_LAUNCH() later is MLA_PDL() split: a kernel that wants the next
 // one let in later than its wait (moe_norm_route_cl's `late`); the rule above still holds,
 // since a block reaches the launch only after its wait (an exit counts as a launch).
-// Lab only (`-DMOE_SHARED_EARLY`, never in a default build): moe_gemv_swiglu's shared-slice
-// blocks launch without waiting, reading the routing's hnb rows, which that kernel fences
-// before it lets them in; the routed blocks still wait, so the rule holds for the kernel
-// after (the host keeps at least one routed block).
+// One exception (Gpu::shared_nowait; `MLASERVE_SHARED_NOWAIT=0` turns it off): after
+// moe_norm_route_cl, moe_gemv_swiglu's shared-slice blocks run without waiting, reading the
+// routing's hnb rows with ld.global.cg; block 0 of the routing fences them at gpu scope
+// (a fence that completes once the stores are performed in L2) before any of its blocks lets
+// the GEMV in. PTX's memory model does not name a fence-then-trigger order; the op table's
+// "slices without the wait" row and the e2e tests check it on the GPU. The routed blocks
+// still wait, so the rule holds for the kernel after (the host keeps at least one routed block).
 #define MLA_WEIGHTS_FIRST() \
     do {                    \
     } while (0)

@@ -477,12 +477,10 @@ extern "C" __global__ void __launch_bounds__(256) moe_norm_route_cl(
             if (rank == 0) hrow[i] = f2bf(v);
         }
     }
-#ifdef MOE_SHARED_EARLY
-    // Lab: the expert GEMV's shared slices read hnb without waiting for this grid
-    // (moe_gemv_swiglu): each thread of block 0 fences its rows at gpu scope, before the
-    // barriers that precede letting the next kernel in.
+    // The expert GEMV's shared slices read hnb without waiting for this grid
+    // (moe_gemv_swiglu, tab_on bit 1): each thread of block 0 fences its rows at gpu scope,
+    // before the barriers that precede letting the next kernel in.
     if (rank == 0 && (late & 1)) __threadfence();
-#endif
     __syncthreads();
     unsigned lg0;
     asm("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(lg0) : "r"(mla_smem(lg)));
@@ -666,8 +664,7 @@ extern "C" __global__ void moe_gemv_swiglu(const unsigned long long* w_ptrs, int
         we = ex >= 0 && ex < held ? (const bf16*)w_ptrs[ex] : nullptr;
         if (we) load_2rows4(a, b, we + (i64)i * n, we + (i64)(fs + i) * n, lane * 8, n);
     }
-#ifdef MOE_SHARED_EARLY
-    // Lab (tab_on bit 1, Gpu::shared_nowait): the kernel before is moe_norm_route_cl, which
+    // tab_on bit 1 (Gpu::shared_nowait): the kernel before is moe_norm_route_cl, which
     // let this grid in after writing and fencing x's rows (hnb), so a slice's block — needing
     // no id — reads its row (ld.global.cg: never a line an earlier layer left in L1) into
     // shared memory and runs without the wait; the routed blocks still wait, so the kernel
@@ -693,7 +690,6 @@ extern "C" __global__ void moe_gemv_swiglu(const unsigned long long* w_ptrs, int
         return;
     }
     tab_on &= 1;
-#endif
     __shared__ unsigned long long tab_s[MOE_TAB_MAX];
     const unsigned long long* tab = stage_table(w_ptrs, held, tab_on, tab_s);
     MLA_PDL();

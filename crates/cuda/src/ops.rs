@@ -1049,10 +1049,10 @@ impl Gpu {
         self.moe_gemv_swiglu_after(pairs, w_ptrs, ex, n, f, views, act, false)
     }
 
-    /// [`Gpu::moe_gemv_swiglu`]; `nowait` (lab, kernels built with `-DMOE_SHARED_EARLY`; the
-    /// caller vouches that the kernel before this one is `moe_norm_route_cl` letting it in
-    /// after x's rows are written, [`Gpu::shared_nowait`]): the shared slices' blocks read x
-    /// without waiting for that kernel to complete.
+    /// [`Gpu::moe_gemv_swiglu`]; `nowait` (the caller vouches that the kernel before this one
+    /// is `moe_norm_route_cl` letting it in after x's rows are written and fenced,
+    /// [`Gpu::shared_nowait`]): the shared slices' blocks read x without waiting for that
+    /// kernel to complete, so their 2 x f rows stream during the routing's latency-bound tail.
     #[allow(clippy::too_many_arguments)]
     pub fn moe_gemv_swiglu_after(
         &self,
@@ -1093,14 +1093,13 @@ impl Gpu {
     }
 
     /// Whether the shared slices of the expert GEMV after [`Gpu::moe_norm_route`] may skip
-    /// their wait ([`Gpu::moe_gemv_swiglu_after`]): the kernels were built with
-    /// `-DMOE_SHARED_EARLY` (lab: `MLASERVE_KERNEL_DEFINES`) and the routing runs on the
-    /// cluster kernel, which lets the next kernel in only after its logits (so after x's rows)
-    /// and then fences at gpu scope.
+    /// their wait ([`Gpu::moe_gemv_swiglu_after`]): the routing runs on the cluster kernel,
+    /// which lets the next kernel in only after its logits (so after x's rows, which its
+    /// block 0 fences at gpu scope first). `MLASERVE_SHARED_NOWAIT=0`: never, for comparisons.
+    /// V2-Lite bf16 b1: 1,868 → 1,837 µs a step (bench/cuda/v2lite.md, session 24).
     pub fn shared_nowait(&self, c: &RouteCfg, h: usize) -> bool {
-        crate::kernels::lab_defines()
-            .iter()
-            .any(|d| d == "-DMOE_SHARED_EARLY")
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| std::env::var("MLASERVE_SHARED_NOWAIT").map_or(true, |v| v != "0"))
             && self.route_cluster(c, h).is_some()
             && route_late_bits() & 1 != 0
     }

@@ -328,7 +328,7 @@ impl CudaExecutor {
     /// shared expert's down projection to add. Both read an expert once a pair, so the shared
     /// experts of several tokens (every token's) run apart, read once. `nowait`: the routing
     /// kernel ran just before (the fused route), so the shared slices may skip their wait
-    /// where [`Gpu::shared_nowait`] allows it (a lab define).
+    /// where [`Gpu::shared_nowait`] allows it.
     #[allow(clippy::too_many_arguments)]
     fn moe_small(
         &self,

@@ -47,14 +47,6 @@ __device__ __forceinline__ bool mmq_tile(const int* offsets, const int* tile_off
 
 #define MMQ_XS 288      // shared row stride of a row of x's 256 quants: conflict-free 8-byte loads
 #define MMQ_STAGES 3
-// Lab (MLASERVE_KERNEL_DEFINES="-DMMQ_WARPS=8"; the host reads the same variable): 8 warps a
-// block, warps w and w + 4 on the same 16 rows, each on half of a chunk's sub-blocks, their
-// sums added through shared memory at the end — twice the warps an SM, half a warp's chain.
-#ifndef MMQ_WARPS
-#define MMQ_WARPS 4
-#endif
-#define MMQ_H (MMQ_WARPS / 4)  // warps a row group: each takes 8 / MMQ_H sub-blocks a chunk
-static_assert(MMQ_WARPS == 4 || MMQ_WARPS == 8, "MMQ_WARPS is 4 or 8 (qmmq.rs: block_threads)");
 
 __device__ __forceinline__ void mmq_mma(unsigned* c, const unsigned* a, unsigned b0, unsigned b1) {
     asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -69,21 +61,19 @@ struct MmqW;
 template <>
 struct MmqW<QT_Q4_K> {
     uint4 ha, hb;     // super-block headers (d, dmin, scales)
-    uint2 qa[4 / MMQ_H], qb[4 / MMQ_H];  // bytes 32h + 8q .. + 7 of the 128 quant bytes
+    uint2 qa[4], qb[4];  // bytes 32h + 8q .. + 7 of the 128 quant bytes, h < 4
 };
 template <>
 struct MmqW<QT_Q8_0> {
     uint4 sa, sb;     // the 8 f16 scales of the chunk
-    uint2 qa[8 / MMQ_H], qb[8 / MMQ_H];  // bytes 32s + 8q .. + 7 of the chunk's 256 quants
+    uint2 qa[8], qb[8];  // bytes 32s + 8q .. + 7 of the chunk's 256 quants, s < 8
 };
 
 // Row bases: Q4_K rows of k / 256 super-blocks of 144 bytes; Q8_0 int8 [rows, k] then f16
 // scales [rows, k / 32].
 template <int TY>
-// The warp's half `hf` of the chunk (all of it at 4 warps a block): h or s from hf * 4 / MMQ_H
-// (Q4_K pairs), hf * 8 / MMQ_H (Q8_0 sub-blocks).
 __device__ __forceinline__ void mmq_load(MmqW<TY>& r, const unsigned char* w, int rows, int k,
-                                         int ra, int rb, int c, int q, int hf) {
+                                         int ra, int rb, int c, int q) {
     if constexpr (TY == QT_Q4_K) {
         const i64 rowb = (i64)(k >> 8) * 144;
         const unsigned char* pa = w + ra * rowb + c * 144;
@@ -91,10 +81,9 @@ __device__ __forceinline__ void mmq_load(MmqW<TY>& r, const unsigned char* w, in
         r.ha = ldg16(pa);
         r.hb = ldg16(pb);
 #pragma unroll
-        for (int j = 0; j < 4 / MMQ_H; j++) {
-            const int h = (MMQ_H == 1 ? 0 : hf * (4 / MMQ_H)) + j;
-            r.qa[j] = __ldg((const uint2*)(pa + 16 + 32 * h + 8 * q));
-            r.qb[j] = __ldg((const uint2*)(pb + 16 + 32 * h + 8 * q));
+        for (int h = 0; h < 4; h++) {
+            r.qa[h] = __ldg((const uint2*)(pa + 16 + 32 * h + 8 * q));
+            r.qb[h] = __ldg((const uint2*)(pb + 16 + 32 * h + 8 * q));
         }
     } else {
         const unsigned char* pa = w + (i64)ra * k + c * 256;
@@ -103,10 +92,9 @@ __device__ __forceinline__ void mmq_load(MmqW<TY>& r, const unsigned char* w, in
         r.sa = ldg16(sc + ((i64)ra * (k >> 5) + c * 8) * 2);
         r.sb = ldg16(sc + ((i64)rb * (k >> 5) + c * 8) * 2);
 #pragma unroll
-        for (int j = 0; j < 8 / MMQ_H; j++) {
-            const int s = (MMQ_H == 1 ? 0 : hf * (8 / MMQ_H)) + j;
-            r.qa[j] = __ldg((const uint2*)(pa + 32 * s + 8 * q));
-            r.qb[j] = __ldg((const uint2*)(pb + 32 * s + 8 * q));
+        for (int s = 0; s < 8; s++) {
+            r.qa[s] = __ldg((const uint2*)(pa + 32 * s + 8 * q));
+            r.qb[s] = __ldg((const uint2*)(pb + 32 * s + 8 * q));
         }
     }
 }
@@ -135,36 +123,28 @@ __device__ __forceinline__ void mmq_sub(float (&acc)[NT][4], const unsigned (&a)
 
 template <int TY, int NT>
 __device__ __forceinline__ void mmq_chunk(float (&acc)[NT][4], const MmqW<TY>& r,
-                                          const unsigned char* st, int g, int q, int hf) {
+                                          const unsigned char* st, int g, int q) {
     if constexpr (TY == QT_Q4_K) {
 #pragma unroll
-        for (int j = 0; j < 4 / MMQ_H; j++) {
-            const int h = (MMQ_H == 1 ? 0 : hf * (4 / MMQ_H)) + j;
+        for (int h = 0; h < 4; h++) {
             float da0, da1, ma0, ma1, db0, db1, mb0, mb1;
             q4k_pair(r.ha, h, da0, da1, ma0, ma1);
             q4k_pair(r.hb, h, db0, db1, mb0, mb1);
-            const unsigned lo[4] = {r.qa[j].x & 0x0f0f0f0fu, r.qb[j].x & 0x0f0f0f0fu,
-                                    r.qa[j].y & 0x0f0f0f0fu, r.qb[j].y & 0x0f0f0f0fu};
+            const unsigned lo[4] = {r.qa[h].x & 0x0f0f0f0fu, r.qb[h].x & 0x0f0f0f0fu,
+                                    r.qa[h].y & 0x0f0f0f0fu, r.qb[h].y & 0x0f0f0f0fu};
             mmq_sub<NT>(acc, lo, da0, db0, ma0, mb0, st, 2 * h, g, q);
-            const unsigned hi[4] = {(r.qa[j].x >> 4) & 0x0f0f0f0fu, (r.qb[j].x >> 4) & 0x0f0f0f0fu,
-                                    (r.qa[j].y >> 4) & 0x0f0f0f0fu, (r.qb[j].y >> 4) & 0x0f0f0f0fu};
+            const unsigned hi[4] = {(r.qa[h].x >> 4) & 0x0f0f0f0fu, (r.qb[h].x >> 4) & 0x0f0f0f0fu,
+                                    (r.qa[h].y >> 4) & 0x0f0f0f0fu, (r.qb[h].y >> 4) & 0x0f0f0f0fu};
             mmq_sub<NT>(acc, hi, da1, db1, ma1, mb1, st, 2 * h + 1, g, q);
         }
     } else {
-        const unsigned sa4[4] = {r.sa.x, r.sa.y, r.sa.z, r.sa.w};
-        const unsigned sb4[4] = {r.sb.x, r.sb.y, r.sb.z, r.sb.w};
-        unsigned sa[4 / MMQ_H], sb[4 / MMQ_H];  // the scale words of the warp's sub-blocks
+        const unsigned sa[4] = {r.sa.x, r.sa.y, r.sa.z, r.sa.w};
+        const unsigned sb[4] = {r.sb.x, r.sb.y, r.sb.z, r.sb.w};
 #pragma unroll
-        for (int i = 0; i < 4 / MMQ_H; i++) {
-            sa[i] = MMQ_H == 1 || hf == 0 ? sa4[i] : sa4[2 + i];
-            sb[i] = MMQ_H == 1 || hf == 0 ? sb4[i] : sb4[2 + i];
-        }
-#pragma unroll
-        for (int j = 0; j < 8 / MMQ_H; j++) {
-            const int s = (MMQ_H == 1 ? 0 : hf * (8 / MMQ_H)) + j;
-            const float wa = h2f((unsigned short)(sa[j >> 1] >> (16 * (j & 1))));
-            const float wb = h2f((unsigned short)(sb[j >> 1] >> (16 * (j & 1))));
-            const unsigned a[4] = {r.qa[j].x, r.qb[j].x, r.qa[j].y, r.qb[j].y};
+        for (int s = 0; s < 8; s++) {
+            const float wa = h2f((unsigned short)(sa[s >> 1] >> (16 * (s & 1))));
+            const float wb = h2f((unsigned short)(sb[s >> 1] >> (16 * (s & 1))));
+            const unsigned a[4] = {r.qa[s].x, r.qb[s].x, r.qa[s].y, r.qb[s].y};
             mmq_sub<NT>(acc, a, wa, wb, 0.f, 0.f, st, s, g, q);
         }
     }
@@ -187,17 +167,13 @@ __device__ __forceinline__ void qmmq_body(const unsigned char* w, int rows, int 
     constexpr int MP = 8 * NT, STAGE = mmq_stage_bytes<NT>();
     extern __shared__ __align__(16) unsigned char mmq_smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    const int hf = warp >> 2;  // the warp's half of each chunk (0 at 4 warps a block)
-#if MMQ_H == 2
-    if (blockDim.x != 32 * MMQ_WARPS) __trap();  // the host launched 4 warps (qmmq.rs: threads)
-#endif
     const int nc = k >> 8;
     const int c0 = (int)((i64)nc * split / splits);
     const int cn = (int)((i64)nc * (split + 1) / splits) - c0;
-    const int r0 = blockIdx.x * 64 + (MMQ_H == 1 ? warp : warp & 3) * 16 + g;
+    const int r0 = blockIdx.x * 64 + warp * 16 + g;
     const int ra = min(r0, rows - 1), rb = min(r0 + 8, rows - 1);
     MmqW<TY> cur, nxt;
-    if (cn > 0) mmq_load<TY>(cur, w, rows, k, ra, rb, c0, q, hf);
+    if (cn > 0) mmq_load<TY>(cur, w, rows, k, ra, rb, c0, q);
     if (!waited) MLA_PDL();  // x is the previous kernel's output
     if (splits > 1) {
         out += (i64)split * m * rows;
@@ -221,31 +197,14 @@ __device__ __forceinline__ void qmmq_body(const unsigned char* w, int rows, int 
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
     for (int i = 0; i < cn; i++) {
-        if (i + 1 < cn) mmq_load<TY>(nxt, w, rows, k, ra, rb, c0 + i + 1, q, hf);
+        if (i + 1 < cn) mmq_load<TY>(nxt, w, rows, k, ra, rb, c0 + i + 1, q);
         mla_wait<MMQ_STAGES - 2>();
         __syncthreads();  // stage i landed for all; every warp is past stage i - 1
         if (i + MMQ_STAGES - 1 < cn) stage((i + MMQ_STAGES - 1) % MMQ_STAGES, c0 + i + MMQ_STAGES - 1);
         mla_commit();
-        mmq_chunk<TY, NT>(acc, cur, mmq_smem + (i % MMQ_STAGES) * STAGE, g, q, hf);
+        mmq_chunk<TY, NT>(acc, cur, mmq_smem + (i % MMQ_STAGES) * STAGE, g, q);
         cur = nxt;
     }
-#if MMQ_H == 2
-    // The second half's sums into the first's (shared memory: every stage consumed).
-    __syncthreads();
-    float* red = (float*)mmq_smem + ((warp & 3) * NT * 4) * 32 + lane;
-    if (hf == 1) {
-#pragma unroll
-        for (int t = 0; t < NT; t++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) red[(t * 4 + e) * 32] = acc[t][e];
-    }
-    __syncthreads();
-    if (hf == 1) return;
-#pragma unroll
-    for (int t = 0; t < NT; t++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[t][e] += red[(t * 4 + e) * 32];
-#endif
     // acc[t]: rows r0, r0 + 8 by x rows 8t + 2q, 8t + 2q + 1.
 #pragma unroll
     for (int t = 0; t < NT; t++) {
@@ -261,7 +220,7 @@ __device__ __forceinline__ void qmmq_body(const unsigned char* w, int rows, int 
 }
 
 #define QMMQ_ENTRY(NAME, TY, NT)                                                                \
-    extern "C" __global__ void __launch_bounds__(32 * MMQ_WARPS)                                \
+    extern "C" __global__ void __launch_bounds__(128)                                           \
         NAME(const unsigned char* w, int rows, int k, const signed char* xq, const float2* xds, \
              int m, float* out, int accumulate) {                                               \
         MLA_WEIGHTS_FIRST();                                                                    \
@@ -282,7 +241,7 @@ QMMQ_ENTRY(qmmq_q8_0_n8, QT_Q8_0, 8)
 // q8_quantize_mmq_grouped (tile j's chunks at xq + j * k * 8 NT, xds + j * (k / 32) * 8 NT).
 // W_e at w_ptrs[e] (null: zeros). grid (ceil(n / 64), tiles), block 128.
 #define QMMQ_GROUPED(NAME, TY, NT)                                                              \
-    extern "C" __global__ void __launch_bounds__(32 * MMQ_WARPS)                                \
+    extern "C" __global__ void __launch_bounds__(128)                                           \
         NAME(const unsigned long long* w_ptrs, const int* offsets, const int* tile_off,        \
              int held, int n, int k, const signed char* xq, const float2* xds, float* out) {    \
         MLA_PDL();                                                                              \

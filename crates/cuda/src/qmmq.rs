@@ -105,7 +105,7 @@ impl Gpu {
             .clamp(1, 16);
         let cfg = LaunchConfig {
             grid_dim: (nblk as u32, splits as u32, 1),
-            block_dim: (block_threads(), 1, 1),
+            block_dim: (128, 1, 1),
             shared_mem_bytes: bytes as u32,
         };
         let wp = w.w.ptr();
@@ -174,7 +174,7 @@ impl Gpu {
         self.raise_smem(name, bytes)?;
         let cfg = LaunchConfig {
             grid_dim: (n.div_ceil(64) as u32, tiles as u32, 1),
-            block_dim: (block_threads(), 1, 1),
+            block_dim: (128, 1, 1),
             shared_mem_bytes: bytes as u32,
         };
         self.launch(
@@ -183,25 +183,6 @@ impl Gpu {
             &args![w_ptrs, off, to, h, n32, k32, xqp, xdp, out],
         )
     }
-}
-
-/// Threads a block: 128, or 256 where the kernels were built with `-DMMQ_WARPS=8` (lab:
-/// `MLASERVE_KERNEL_DEFINES`, two warps a row group each on half of a chunk's sub-blocks).
-fn block_threads() -> u32 {
-    static T: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *T.get_or_init(|| {
-        // the last definition wins, in NVRTC as here
-        let warps = crate::kernels::lab_defines()
-            .iter()
-            .rev()
-            .find_map(|d| d.strip_prefix("-DMMQ_WARPS="))
-            .unwrap_or("4");
-        if warps == "8" {
-            256
-        } else {
-            128
-        }
-    })
 }
 
 /// `MLASERVE_QMMQ_SPLITS=n` (lab, read once): dense launches split along K n ways (at most

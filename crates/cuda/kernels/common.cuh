@@ -14,7 +14,7 @@ typedef long long i64;
 // let the next kernel be scheduled. Elsewhere (and without the attribute) it does nothing.
 // kernels.rs's tests check that every kernel starts with it.
 //
-// The one exception: a kernel may read weights (never written by any kernel, so no ordering
+// The first exception: a kernel may read weights (never written by any kernel, so no ordering
 // with the previous grid exists for them) before its MLA_PDL(), e.g. to prefetch them into L2
 // while the previous kernel finishes. It starts with the marker MLA_WEIGHTS_FIRST(); instead,
 // and the kernels.rs test then wants MLA_PDL(); in its body, or in the device function it
@@ -27,13 +27,17 @@ typedef long long i64;
 // MLA_PDL_WAIT() then MLA_PDL_LAUNCH() later is MLA_PDL() split: a kernel that wants the next
 // one let in later than its wait (moe_norm_route_cl's `late`); the rule above still holds,
 // since a block reaches the launch only after its wait (an exit counts as a launch).
-// One exception (Gpu::shared_nowait; `MLASERVE_SHARED_NOWAIT=0` turns it off): after
-// moe_norm_route_cl, moe_gemv_swiglu's shared-slice blocks run without waiting, reading the
-// routing's hnb rows with ld.global.cg; block 0 of the routing fences them at gpu scope
-// (a fence that completes once the stores are performed in L2) before any of its blocks lets
-// the GEMV in. PTX's memory model does not name a fence-then-trigger order; the op table's
-// "slices without the wait" row and the e2e tests check it on the GPU. The routed blocks
-// still wait, so the rule holds for the kernel after (the host keeps at least one routed block).
+// The second exception (Gpu::shared_nowait, sm_90 only; `MLASERVE_SHARED_NOWAIT=0` turns it
+// off): after moe_norm_route_cl, moe_gemv_swiglu's shared-slice blocks run without waiting,
+// reading the routing's hnb rows with ld.global.cg; block 0 (rank 0) of each token's cluster
+// fences them at gpu scope (`late` bit 2: a fence that completes once the stores are performed
+// in L2) before any block of that cluster lets the GEMV in. PTX's memory model does not name
+// a fence-then-trigger order: this is the H200's behaviour, which the e2e and graph tests
+// exercise on the real chain (the op table's "slices without the wait" row checks only the
+// kernel's bits, with x written before it). The slices may also write act early: every
+// routing block passed its own wait before letting the GEMV in, so all kernels before the
+// routing have completed, and the routing never touches act. The routed blocks still wait,
+// so the rule holds for the kernel after (the host keeps at least one routed block).
 #define MLA_WEIGHTS_FIRST() \
     do {                    \
     } while (0)

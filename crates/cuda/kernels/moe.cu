@@ -410,7 +410,9 @@ extern "C" __global__ void moe_norm_route(const float* x, const float* gamma, fl
 // only after the logits' cluster barrier, not at the wait, so the expert GEMV's blocks arrive
 // while block 0 routes, not while the norm and the dots run. Bit 1: block 0 routes by rank
 // (route_row_rank, all its threads) where that takes the config, else one warp of it with
-// route_row_warp. The host launches it where E % C == 0, H % 4 == 0, H <= MNR_CL_MAX_H,
+// route_row_warp. Bit 2 (with bit 0): block 0 fences hnb before letting the next kernel in,
+// for the expert GEMV's shared slices that read it without waiting (moe_gemv_swiglu).
+// The host launches it where E % C == 0, H % 4 == 0, H <= MNR_CL_MAX_H,
 // E <= 256, K <= 32, ns <= 32, n_group <= 64 (route_row_warp's bounds).
 #define MNR_CL_MAX_H 8192
 extern "C" __global__ void __launch_bounds__(256) moe_norm_route_cl(
@@ -477,10 +479,11 @@ extern "C" __global__ void __launch_bounds__(256) moe_norm_route_cl(
             if (rank == 0) hrow[i] = f2bf(v);
         }
     }
-    // The expert GEMV's shared slices read hnb without waiting for this grid
-    // (moe_gemv_swiglu, tab_on bit 1): each thread of block 0 fences its rows at gpu scope,
-    // before the barriers that precede letting the next kernel in.
-    if (rank == 0 && (late & 1)) __threadfence();
+    // `late` bit 2 (set with bit 0 only, Gpu::moe_norm_route's `fence_hnb`): the expert
+    // GEMV's shared slices read hnb without waiting for this grid (moe_gemv_swiglu, tab_on
+    // bit 1), so each thread of block 0 fences its rows at gpu scope, before the barriers
+    // that precede letting the next kernel in.
+    if (rank == 0 && (late & 4)) __threadfence();
     __syncthreads();
     unsigned lg0;
     asm("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(lg0) : "r"(mla_smem(lg)));
@@ -669,9 +672,10 @@ extern "C" __global__ void moe_gemv_swiglu(const unsigned long long* w_ptrs, int
     // no id — reads its row (ld.global.cg: never a line an earlier layer left in L1) into
     // shared memory and runs without the wait; the routed blocks still wait, so the kernel
     // after this one still starts only once the routing has completed. Same sums, same bits.
-    __shared__ __align__(16) bf16 x_early[8192];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // the cluster routing's GPUs
+    __shared__ __align__(16) bf16 x_early[MNR_CL_MAX_H];
     const int ex_s = e_routed + slice - first;
-    if ((tab_on & 2) && slice >= 0 && n <= 8192 && ex_s >= 0 && ex_s < held &&
+    if ((tab_on & 2) && slice >= 0 && n <= MNR_CL_MAX_H && ex_s >= 0 && ex_s < held &&
         w_ptrs[ex_s] != 0ull) {
         const bf16* xr = x + (i64)(p / x_div) * n;
         for (int c = threadIdx.x * 8; c < n; c += blockDim.x * 8) {
@@ -689,6 +693,7 @@ extern "C" __global__ void moe_gemv_swiglu(const unsigned long long* w_ptrs, int
         if (lane == 0) act[(i64)p * f + i] = f2bf(g / (1.f + __expf(-g)) * u);
         return;
     }
+#endif
     tab_on &= 1;
     __shared__ unsigned long long tab_s[MOE_TAB_MAX];
     const unsigned long long* tab = stage_table(w_ptrs, held, tab_on, tab_s);

@@ -885,10 +885,12 @@ impl Gpu {
         c: &RouteCfg,
         ids: u64,
         weights: u64,
+        fence_hnb: bool,
     ) -> Result<()> {
         let cluster = self.route_cluster(c, h);
         self.moe_norm_route_with(
             t, x, gamma, eps, h, router, hnb, logits, tickets, bias, c, ids, weights, cluster,
+            fence_hnb,
         )
     }
 
@@ -938,6 +940,7 @@ impl Gpu {
         ids: u64,
         weights: u64,
         cluster: Option<u32>,
+        fence_hnb: bool,
     ) -> Result<()> {
         let (e, k, ns, g, ng, tg, norm, scale) = c.kernel_args()?;
         let h32 = h as i32;
@@ -958,7 +961,11 @@ impl Gpu {
             // taken for group-limited routing): V2-Lite b1 1,888.2-1,888.8 µs a step against
             // 1,894.7-1,895.7 in three rounds (session 21). `MLASERVE_ROUTE_RANK=0`: the warp's
             // rounds, for comparisons.
+            // Bit 2 (`fence_hnb`, with bit 0 only): block 0 fences hnb at gpu scope before
+            // letting the next kernel in, for an expert GEMV whose shared slices skip their
+            // wait ([`Gpu::shared_nowait`]).
             let late = route_late_bits();
+            let late = late | if fence_hnb && late & 1 != 0 { 4 } else { 0 };
             return self.launch_cluster(
                 "moe_norm_route_cl",
                 Gpu::cfg((cl, t as u32, 1), 256),
@@ -1095,11 +1102,14 @@ impl Gpu {
     /// Whether the shared slices of the expert GEMV after [`Gpu::moe_norm_route`] may skip
     /// their wait ([`Gpu::moe_gemv_swiglu_after`]): the routing runs on the cluster kernel,
     /// which lets the next kernel in only after its logits (so after x's rows, which its
-    /// block 0 fences at gpu scope first). `MLASERVE_SHARED_NOWAIT=0`: never, for comparisons.
-    /// V2-Lite bf16 b1: 1,868 → 1,837 µs a step (bench/cuda/v2lite.md, session 24).
+    /// block 0 fences at gpu scope first when called with `fence_hnb`, as the caller must be
+    /// whenever this is true). The ordering is the hardware's, checked on sm_90 (H200) only,
+    /// so other GPUs wait. `MLASERVE_SHARED_NOWAIT=0`: never, for comparisons. V2-Lite bf16
+    /// b1: 1,868 → 1,837 µs a step (bench/cuda/v2lite.md, session 24).
     pub fn shared_nowait(&self, c: &RouteCfg, h: usize) -> bool {
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *ON.get_or_init(|| std::env::var("MLASERVE_SHARED_NOWAIT").map_or(true, |v| v != "0"))
+            && self.arch.starts_with("sm_90")
             && self.route_cluster(c, h).is_some()
             && route_late_bits() & 1 != 0
     }

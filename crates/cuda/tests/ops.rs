@@ -2067,7 +2067,8 @@ fn moe_norm_route(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         let hn = gpu.to_host(&hn).unwrap();
         let hnb_ref = gpu.to_host(&hnb_ref).unwrap();
         // The ticket kernel, then the cluster kernel where it takes the shape (every shape
-        // here on sm_90), each twice (the tickets reset, the kernel runs again).
+        // here on sm_90), each twice (the tickets reset, the kernel runs again; the second
+        // time with `fence_hnb`, the same outputs).
         let kernels = [None, Some(8u32)];
         let cluster_fits = gpu.route_cluster_fits(&rc, h, 8);
         if gpu.has_clusters() {
@@ -2098,6 +2099,7 @@ fn moe_norm_route(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 ids.ptr(),
                 w.ptr(),
                 cluster,
+                run == 1, // the second run with hnb fenced for a GEMV after it (`late` bit 2)
             )
             .unwrap();
             let got_hnb = gpu.to_host(&hnb).unwrap();

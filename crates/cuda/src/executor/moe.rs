@@ -122,6 +122,11 @@ impl CudaExecutor {
                 let pairs = t * (mc.top_k + s);
                 let (ids, w) = (gpu.alloc::<i32>(pairs)?, gpu.alloc::<f32>(pairs)?);
                 let bias = m.bias_dev.as_ref().map_or(0, |b| b.ptr());
+                let rc = route_cfg(m, mc, s);
+                // Decided once, here: the routing fences hnb exactly when the expert GEMV
+                // after it lets its shared slices skip their wait (slices exist only for one
+                // bf16 token, which moe_small takes to the fused kernels).
+                let nowait = s > 0 && gpu.shared_nowait(&rc, h);
                 gpu.moe_norm_route(
                     t,
                     x,
@@ -133,11 +138,12 @@ impl CudaExecutor {
                     logits.ptr(),
                     &self.route_tickets,
                     bias,
-                    &route_cfg(m, mc, s),
+                    &rc,
                     ids.ptr(),
                     w.ptr(),
+                    nowait,
                 )?;
-                Some((ids, w, s, true))
+                Some((ids, w, s, nowait))
             }
             FfnIn::Residual { .. } => {
                 return Err(CudaError::Invalid(format!(
@@ -174,9 +180,9 @@ impl CudaExecutor {
             _ => false,
         };
         let small = match &routed {
-            Some((ids, w, s, after_route)) => {
+            Some((ids, w, s, nowait)) => {
                 let r = (ids, w, *s);
-                Some(self.moe_small(m, mc, t, r, hnb, out, defer, *after_route)?)
+                Some(self.moe_small(m, mc, t, r, hnb, out, defer, *nowait)?)
             }
             None => None,
         };

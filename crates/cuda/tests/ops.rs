@@ -2406,6 +2406,102 @@ fn moe(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         }
     }
     moe_slices(gpu, rng, rep);
+    moe_route_nowait(gpu, rng, rep);
+}
+
+/// The shared slices without their wait on the real chain (common.cuh's second exception):
+/// `moe_norm_route_cl` writes and fences hnb, then `moe_gemv_swiglu`'s slice blocks read it
+/// without waiting for the routing to complete — many times, hnb poisoned (NaN) before each
+/// routing, every act row bit for bit the waiting chain's. V2-Lite's router (64 experts, top
+/// 6, 2 slices, H 2,048), 4 distinct routed matrices behind the 64 ids.
+fn moe_route_nowait(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
+    use mlaserve_cuda::ops::RouteCfg;
+    let (e, k, ns, h, f) = (64usize, 6usize, 2usize, 2048usize, 128usize);
+    let rc = RouteCfg {
+        experts: e,
+        top_k: k,
+        gating: 0,
+        n_group: 1,
+        topk_group: 1,
+        norm: false,
+        scale: 1.0,
+        shared: ns,
+    };
+    if !gpu.shared_nowait(&rc, h) {
+        println!(
+            "moe_route_nowait: the slices wait on {} here, nothing to check",
+            gpu.arch
+        );
+        return;
+    }
+    let up = |v: &[f32]| {
+        gpu.upload(&v.iter().map(|&x| bf(x)).collect::<Vec<_>>())
+            .unwrap()
+    };
+    let fs = ns * f;
+    let mats: Vec<_> = (0..4)
+        .map(|_| up(&round_bf(&rng.vec(2 * f * h, 0.05))))
+        .collect();
+    let sgu = up(&round_bf(&rng.vec(2 * fs * h, 0.05)));
+    let mut ptrs: Vec<u64> = (0..e).map(|i| mats[i % 4].ptr()).collect();
+    for j in 0..ns {
+        ptrs.push(sgu.at(j * f * h));
+    }
+    let gup = gpu.upload(&ptrs).unwrap();
+    let views = SliceViews { e_routed: e, fs };
+    let (x, gamma, router) = (rng.vec(h, 2.0), rng.vec(h, 1.0), rng.vec(e * h, 0.2));
+    let (xd, gd, rd) = (
+        gpu.upload(&x).unwrap(),
+        gpu.upload(&gamma).unwrap(),
+        gpu.upload(&router).unwrap(),
+    );
+    let tickets = gpu.upload(&[0u32]).unwrap();
+    let (ko, held) = (k + ns, e + ns);
+    // Every buffer allocated (and poisoned) before the routing, so the two launches are
+    // back to back in the stream, as in the executor.
+    let chain = |nowait: bool| -> Vec<u16> {
+        let hnb = poisoned::<u16>(gpu, h);
+        let logits = poisoned::<f32>(gpu, e);
+        let (ids, w) = (poisoned::<i32>(gpu, ko), poisoned::<f32>(gpu, ko));
+        let act = poisoned::<u16>(gpu, ko * f);
+        gpu.moe_norm_route_with(
+            1,
+            xd.ptr(),
+            gd.ptr(),
+            1e-6,
+            h,
+            rd.ptr(),
+            hnb.ptr(),
+            logits.ptr(),
+            &tickets,
+            0,
+            &rc,
+            ids.ptr(),
+            w.ptr(),
+            Some(8),
+            nowait,
+        )
+        .unwrap();
+        let ex = (0, held, ids.ptr(), hnb.ptr(), ko, k);
+        gpu.moe_gemv_swiglu_after(ko, gup.ptr(), ex, h, f, views, act.ptr(), nowait)
+            .unwrap();
+        gpu.to_host(&act).unwrap()
+    };
+    let want = chain(false);
+    let reps = 200;
+    let mism: usize = (0..reps)
+        .map(|_| {
+            let got = chain(true);
+            got.iter().zip(&want).filter(|(a, b)| a != b).count()
+        })
+        .sum();
+    rep.check(
+        "moe_gemv_swiglu",
+        format!("after moe_norm_route_cl, slices without the wait x{reps} (E{e} K{k}+{ns} H{h})"),
+        "bf16",
+        mism as f64,
+        0.0,
+    );
 }
 
 /// The fused expert kernels (meant for one token; two here) with shared-expert slices read in place (views into the

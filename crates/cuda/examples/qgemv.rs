@@ -67,6 +67,25 @@ fn time(
     common::time_us(gpu, run, 3, batches, per)
 }
 
+/// [`time`] of `run` inside a step, as the executor calls it (scratch from the step's arena).
+fn time_step(
+    gpu: &Gpu,
+    run: &dyn Fn(usize) -> mlaserve_cuda::error::Result<()>,
+    per: usize,
+) -> Res<f64> {
+    time(
+        gpu,
+        &|i| {
+            gpu.begin_step();
+            let r = run(i);
+            gpu.end_step();
+            r
+        },
+        15,
+        per,
+    )
+}
+
 /// `n` device copies of `src` (`bytes` bytes) made on the device.
 fn replicate<T>(gpu: &Gpu, src: &DBuf<T>, n: usize) -> Res<Vec<DBuf<T>>> {
     let mut v = Vec::with_capacity(n);
@@ -447,17 +466,7 @@ fn main() -> Res<()> {
                             rows_json.push(serde_json::json!({"shape": name, "rows": rows, "k": k, "m": m, "kernel": format!("{ty:?} {label}"), "rel_err": err, "failed": true}));
                             continue;
                         }
-                        let us = time(
-                            &gpu,
-                            &|i| {
-                                gpu.begin_step();
-                                let r = f(&qs[i % nq], out.ptr());
-                                gpu.end_step();
-                                r
-                            },
-                            15,
-                            nq.max(16),
-                        )?;
+                        let us = time_step(&gpu, &|i| f(&qs[i % nq], out.ptr()), nq.max(16))?;
                         let gbs = bytes / us * 1e-3;
                         let ratio = gbs / bf16_gbs[&m];
                         println!("M{m} {ty:?} {label:<10} {us:8.1} µs {gbs:6.0} GB/s ({ratio:5.3} x bf16 cuBLAS) err {err:.1e}");
@@ -478,16 +487,9 @@ fn main() -> Res<()> {
                     }
                 }
                 // The executor's call (`qgemm`: QPath::choose picks GEMV, tensor core or cuBLAS).
-                let us = time(
+                let us = time_step(
                     &gpu,
-                    &|i| {
-                        // Inside a step, as the executor runs it (scratch from the arena).
-                        gpu.begin_step();
-                        let r = gpu.qgemm(&qs[i % nq], m, xd.ptr(), out.ptr(), false);
-                        gpu.end_step();
-                        r
-                    },
-                    15,
+                    &|i| gpu.qgemm(&qs[i % nq], m, xd.ptr(), out.ptr(), false),
                     nq.max(16),
                 )?;
                 let gbs = bytes / us * 1e-3;
@@ -715,19 +717,15 @@ fn grouped(gpu: &Gpu, rows_json: &mut Vec<serde_json::Value>, table: &mut Vec<St
         });
         for ((wty, per, ptrs, _), mmq) in runs {
             let nc = ptrs.len();
-            let us = time(
+            let us = time_step(
                 gpu,
                 &|i| {
-                    gpu.begin_step();
                     let (p, xp, o) = (ptrs[i % nc].ptr(), x.ptr(), out.ptr());
-                    let r = match wty {
+                    match wty {
                         Some(t) if mmq => gpu.moe_mmq(&sorted, *t, p, xp, top, true, n, k, o),
                         _ => gpu.moe_gemm_tiles(&sorted, *wty, p, xp, top, true, n, k, o),
-                    };
-                    gpu.end_step();
-                    r
+                    }
                 },
-                15,
                 nc.max(16),
             )?;
             if wty.is_none() {

@@ -333,8 +333,8 @@ impl CudaExecutor {
     /// for quantized experts (qgemv.rs), whose weighted sum is left pending (`defer`) for the
     /// shared expert's down projection to add. Both read an expert once a pair, so the shared
     /// experts of several tokens (every token's) run apart, read once. `nowait`: the routing
-    /// kernel ran just before (the fused route), so the shared slices may skip their wait
-    /// where [`Gpu::shared_nowait`] allows it.
+    /// kernel ran just before and fenced hnb, the caller having decided with
+    /// [`Gpu::shared_nowait`] (`moe`, once a layer), so the shared slices skip their wait.
     #[allow(clippy::too_many_arguments)]
     fn moe_small(
         &self,
@@ -365,7 +365,6 @@ impl CudaExecutor {
             let act = gpu.alloc::<u16>(pairs * f)?;
             let (ip, ap) = (ids.ptr(), act.ptr());
             let ex = (first, held, ip, hnb.ptr(), k, mc.top_k);
-            let nowait = nowait && gpu.shared_nowait(&route_cfg(m, mc, s), h);
             gpu.moe_gemv_swiglu_after(pairs, gate_up, ex, h, f, views, ap, nowait)?;
             gpu.moe_gemv_combine(t, k, down, first, held, ip, ap, w.ptr(), f, h, views, out)?;
             return Ok(if s > 0 {

@@ -10,7 +10,8 @@
 #     && cargo test --release -p mlaserve-cuda --no-run
 #   tools/device/pack.sh [OLD_MLASERVE]    # OLD_MLASERVE: a baseline binary, as mlaserve_old
 #   OLD_PROFILE=path tools/device/pack.sh  # a baseline decode_profile, as decode_profile_old
-#                                          # (replays of two builds in one run); LABS=0 leaves
+#                                          # (replays of two builds in one run); OLD_QGEMV
+#                                          # the same for the qgemv lab; LABS=0 leaves
 #                                          # out the qgemv and grid_barrier labs to make room
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,6 +24,7 @@ cp target/release/mlaserve target/release/examples/{decode_profile,synth_model} 
 if [ "${LABS:-1}" != 0 ]; then cp target/release/examples/{qgemv,grid_barrier} "$pkg/"; fi
 if [ $# -ge 1 ]; then cp "$1" "$pkg/mlaserve_old"; fi
 if [ -n "${OLD_PROFILE:-}" ]; then cp "$OLD_PROFILE" "$pkg/decode_profile_old"; fi
+if [ -n "${OLD_QGEMV:-}" ]; then cp "$OLD_QGEMV" "$pkg/qgemv_old"; fi
 strip "$pkg"/*
 mkdir -p .device/pkg
 (cd "$pkg" && XZ_OPT=-9e tar -cJf "$OLDPWD/.device/pkg/bins.tar.xz" ./*)

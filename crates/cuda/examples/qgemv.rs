@@ -32,6 +32,7 @@ use common::{random_bf16, xorshift_bytes};
 use mlaserve_backend::{Bytes, GgmlType, QMatrix};
 use mlaserve_cuda::ops::{Gemm, GemmType};
 use mlaserve_cuda::qgemv::{QMat, QType, QmvVariant};
+use mlaserve_cuda::qmmq::x_q8u;
 use mlaserve_cuda::{DBuf, Gpu};
 use rayon::prelude::*;
 
@@ -120,6 +121,30 @@ fn quantized_x(x: &[f32]) -> Vec<f32> {
     out
 }
 
+/// x [m, k] (k % 256 == 0) quantized and dequantized again as the int8 tensor-core kernel
+/// takes it against Q4_K (`qmmq::x_q8u`): D = amax / 1016 a 256-value chunk, u = min(8,
+/// ceil(amax / (127 D))) a 32-value sub-block, q = round(x / (D u)) within ±127.
+fn quantized_x_q8u(x: &[f32]) -> Vec<f32> {
+    let amax = |b: &[f32]| b.iter().fold(0f32, |a, &v| a.max(v.abs()));
+    let mut out = vec![0f32; x.len()];
+    for (chunk, oc) in x.chunks(256).zip(out.chunks_mut(256)) {
+        let d = amax(chunk) / 1016.0;
+        for (blk, o) in chunk.chunks(32).zip(oc.chunks_mut(32)) {
+            let u = if d > 0.0 {
+                ((amax(blk) / (127.0 * d)).ceil()).clamp(1.0, 8.0)
+            } else {
+                1.0
+            };
+            let step = d * u;
+            let id = if step > 0.0 { 1.0 / step } else { 0.0 };
+            for (v, o) in blk.iter().zip(o) {
+                *o = ((v * id).round().clamp(-127.0, 127.0) as f64 * u as f64 * d as f64) as f32;
+            }
+        }
+    }
+    out
+}
+
 /// max over `sample` rows of |gpu - ref| / max |ref|, ref = CPU dequantized W times x in f64;
 /// NaN (an unwritten or poisoned output) anywhere in `got` gives NaN.
 fn check(cpu: &QMatrix, x: &[f32], m: usize, got: &[f32], sample: &[usize]) -> f64 {
@@ -186,6 +211,11 @@ fn main() -> Res<()> {
             .collect();
         let xd = gpu.upload(&x_bits)?;
         let xq = quantized_x(&x);
+        let xq8u = if k % 256 == 0 {
+            quantized_x_q8u(&x)
+        } else {
+            xq.clone()
+        };
         let out = gpu.alloc_filled::<f32>(64 * rows, 0xff)?;
         // bf16 peer: cuBLAS and the warp GEMV.
         let wb = gpu.upload(&random_bf16(rows * k, 11 + si as u64))?;
@@ -454,10 +484,12 @@ fn main() -> Res<()> {
                         f(&qs[0], o.ptr())?;
                         gpu.end_step();
                         let got = gpu.to_host(&o)?;
-                        let (err, bound) = if *label == "qgemm_tc" {
-                            (check(&cpu, &x, m, &got, &sample), 1e-2)
-                        } else {
-                            (check(&cpu, &xq, m, &got, &sample), 1e-4)
+                        let (err, bound) = match *label {
+                            "qgemm_tc" => (check(&cpu, &x, m, &got, &sample), 1e-2),
+                            "qgemm_mmq" if x_q8u(ty) == 1 => {
+                                (check(&cpu, &xq8u, m, &got, &sample), 1e-4)
+                            }
+                            _ => (check(&cpu, &xq, m, &got, &sample), 1e-4),
                         };
                         if err.is_nan() || err > bound {
                             println!(

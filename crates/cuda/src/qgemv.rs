@@ -6,8 +6,10 @@
 //!   the stored quants on a persistent grid, each weight read once for all the rows
 //!   ([`Gpu::qmv`], `kernels/qgemv.cu`); the MoE expert GEMV runs the same kernel over
 //!   (token, expert) pairs ([`Gpu::qmv_pairs`]).
-//! - up to [`crate::qmmq::QMMQ_MAX_M`] where K % 256 == 0: x quantized as for the GEMV, int8
-//!   tensor cores (mma.sync m16n8k32) over the stored quants ([`Gpu::qgemm_mmq`], qmmq.rs).
+//! - up to [`crate::qmmq::QMMQ_MAX_M`] where K % 256 == 0: x quantized to int8 (Q8_0 per 32
+//!   values as for the GEMV; Q4_K with a scale a 256-value chunk and an integer factor a
+//!   sub-block, [`crate::qmmq::x_q8u`]), int8 tensor cores (mma.sync m16n8k32) over the
+//!   stored quants ([`Gpu::qgemm_mmq`], qmmq.rs).
 //! - up to [`QGEMM_TC_MAX_M`] otherwise: the grouped GEMM's tensor-core kernel in dense mode
 //!   ([`Gpu::qgemm_tc`], moe_grouped.rs): weight tiles dequantized to bf16 in shared memory,
 //!   x bf16, every weight read once. The grouped expert GEMM does the same per expert.

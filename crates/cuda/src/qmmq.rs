@@ -1,9 +1,12 @@
 //! Dense products of 2 ..= [`QMMQ_MAX_M`] rows of x with Q4_K / Q8_0 weights on int8 tensor
-//! cores (`kernels/qmmq.cu`, llama.cpp's MMQ scheme): x is quantized per 32 values by the
-//! GEMV's rule (`q8_block`, so the CPU executor's activations) into chunk order by one launch,
-//! then each 32-value sub-block of W against it is one `mma.sync m16n8k32` s8, the scales
-//! applied in f32. The result is the exact product of the stored weights and the quantized x
-//! up to f32 summation order — the GEMV's contract, not the bf16 tensor-core path's.
+//! cores (`kernels/qmmq.cu`, llama.cpp's MMQ scheme): x is quantized into chunk order by one
+//! launch — for Q8_0 per 32 values by the GEMV's rule (`q8_block`, so the CPU executor's
+//! activations), for Q4_K with a scale a 256-value chunk and an integer factor 1 ..= 8 a
+//! 32-value sub-block ([`x_q8u`]: the super-block's sum stays in integers, x's error near the
+//! per-32 rule's) — then
+//! each 32-value sub-block of W against it is one `mma.sync m16n8k32` s8. The result is the
+//! exact product of the stored weights and the quantized x up to f32 summation order — the
+//! GEMV's contract (its x per 32 values), not the bf16 tensor-core path's.
 //!
 //! Invariants: k % 256 == 0 (whole Q4_K super-blocks; Q8_0's scale rows 16-byte aligned);
 //! sm_80+; the grid's splits along K never exceed the chunks (each split has >= 1), and their
@@ -12,7 +15,7 @@
 
 use crate::args;
 use crate::error::{CudaError, Result};
-use crate::gpu::Gpu;
+use crate::gpu::{DBuf, Gpu};
 use crate::moe_grouped::{moe_max_tiles, moe_tile_rows, SortedPairs};
 use crate::qgemv::{QMat, QType};
 use cudarc::driver::LaunchConfig;
@@ -70,7 +73,7 @@ impl Gpu {
     }
 
     /// out[M, rows] (+)= x[M, cols] . W^T, x bf16 [M, cols], out f32 [M, rows]: x quantized
-    /// per 32 values (q8_block's rule) by `q8_quantize_mmq` into the step's arena, then the
+    /// (per [`x_q8u`]) by `q8_quantize_mmq` into the step's arena, then the
     /// int8 tensor-core kernel (split along K where its row blocks are fewer than two an SM).
     pub fn qgemm_mmq(&self, w: &QMat, m: usize, x: u64, out: u64, accumulate: bool) -> Result<()> {
         if !self.mmq_fits(w, m) {
@@ -81,18 +84,10 @@ impl Gpu {
             )));
         }
         let nt = tiles(m);
-        let mp = 8 * nt;
         let chunks = w.cols / 256;
-        let xq = self.alloc::<i8>(chunks * mp * 256)?;
-        let xds = self.alloc::<f32>(2 * chunks * 8 * mp)?; // (dx, xs) pairs
-        let (m32, mp32, k32, n32) = (m as i32, mp as i32, w.cols as i32, w.rows as i32);
+        let (xq, xds) = self.quantize_mmq_x(x, m, w.cols, w.ty)?;
+        let (m32, k32, n32) = (m as i32, w.cols as i32, w.rows as i32);
         let (xqp, xdp) = (xq.ptr(), xds.ptr());
-        let blocks = mp * w.cols / 32;
-        self.launch(
-            "q8_quantize_mmq",
-            Gpu::cfg((blocks.div_ceil(256).min(4096) as u32, 1, 1), 256),
-            &args![x, m32, mp32, k32, xqp, xdp],
-        )?;
         let name = kernel(w.ty, nt);
         let bytes = smem(nt);
         self.raise_smem(name, bytes)?;
@@ -127,13 +122,43 @@ impl Gpu {
 }
 
 impl Gpu {
+    /// x bf16 [m, k] (m 1 ..= [`QMMQ_MAX_M`], k % 256 == 0) quantized as [`Gpu::qgemm_mmq`]
+    /// takes it against `ty` ([`x_q8u`]), in its chunk order: xq [k / 256][mp][256] int8 and
+    /// xds [k / 256][8][mp] float pairs, mp = 8 * tiles(m), rows m .. mp zero.
+    pub fn quantize_mmq_x(
+        &self,
+        x: u64,
+        m: usize,
+        k: usize,
+        ty: QType,
+    ) -> Result<(DBuf<i8>, DBuf<f32>)> {
+        if !(1..=QMMQ_MAX_M).contains(&m) || k == 0 || k % 256 != 0 {
+            return Err(CudaError::Invalid(format!(
+                "quantize_mmq_x: {m} rows of {k} values (1-{QMMQ_MAX_M} rows, k % 256 == 0)"
+            )));
+        }
+        let mp = 8 * tiles(m);
+        let chunks = k / 256;
+        let xq = self.alloc::<i8>(chunks * mp * 256)?;
+        let xds = self.alloc::<f32>(2 * chunks * 8 * mp)?;
+        let (m32, mp32, k32, q8u) = (m as i32, mp as i32, k as i32, x_q8u(ty));
+        let (xqp, xdp) = (xq.ptr(), xds.ptr());
+        let blocks = mp * k / 32;
+        self.launch(
+            "q8_quantize_mmq",
+            Gpu::cfg((blocks.div_ceil(256).min(4096) as u32, 1, 1), 256),
+            &args![x, m32, mp32, k32, xqp, xdp, q8u],
+        )?;
+        Ok((xq, xds))
+    }
+
     /// Whether [`Gpu::moe_gemm`] takes quantized experts of `k` columns to [`Gpu::moe_mmq`].
     pub fn moe_mmq_fits(&self, k: usize) -> bool {
         self.has_flash_attn() && k % 256 == 0 && mmq_from().is_some()
     }
 
     /// [`Gpu::moe_gemm`] over quantized experts on the int8 tensor-core kernel: the sorted rows
-    /// quantized per 32 values tile by tile (`q8_quantize_mmq_grouped`, the tiles of
+    /// quantized (per [`x_q8u`]) tile by tile (`q8_quantize_mmq_grouped`, the tiles of
     /// [`moe_tile_rows`]), then one launch over (64 output features, m-tile).
     #[allow(clippy::too_many_arguments)]
     pub fn moe_mmq(
@@ -164,10 +189,11 @@ impl Gpu {
         let (bm32, t32, n32, k32) = (bm as i32, tiles as i32, n as i32, k as i32);
         let (xqp, xdp) = (xq.ptr(), xds.ptr());
         let blocks = tiles * bm * (k / 32);
+        let q8u = x_q8u(ty);
         self.launch(
             "q8_quantize_mmq_grouped",
             Gpu::cfg((blocks.div_ceil(256).min(4096) as u32, 1, 1), 256),
-            &args![x, o, xd, ga, off, to, h, bm32, t32, k32, xqp, xdp],
+            &args![x, o, xd, ga, off, to, h, bm32, t32, k32, xqp, xdp, q8u],
         )?;
         let name = grouped_kernel(ty, nt);
         let bytes = smem(nt);
@@ -183,6 +209,14 @@ impl Gpu {
             &args![w_ptrs, off, to, h, n32, k32, xqp, xdp, out],
         )
     }
+}
+
+/// How the kernels for `ty` take x (the `q8u` argument of the quantize kernels): 1 for Q4_K,
+/// x = D * u * q with D a 256-value chunk's amax / 1016 and u = min(8, ceil(amax of the 32-value
+/// sub-block / (127 D))) (`q8u_sub`: a super-block's sums stay in integers); 0 for Q8_0, per 32
+/// values by `q8_block`'s rule.
+pub fn x_q8u(ty: QType) -> i32 {
+    (ty == QType::Q4K) as i32
 }
 
 /// `MLASERVE_QMMQ_SPLITS=n` (lab, read once): dense launches split along K n ways (at most

@@ -2858,6 +2858,95 @@ fn q8_host(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
     (q, d)
 }
 
+/// x (length % 256 == 0) quantized by the Q4_K int8 tensor-core kernels' rule
+/// (`qmmq::x_q8u`, `q8u_sub`), in the same f32 operations: per 256-value chunk
+/// D = amax / 1016, per 32-value sub-block u = min(8, ceil(amax / (127 D))) (1 where D == 0),
+/// q = round(x / (D u)) within ±127. Returns (q, u a sub-block, D a chunk).
+fn q8u_host(x: &[f32]) -> (Vec<i8>, Vec<i32>, Vec<f32>) {
+    let amax = |b: &[f32]| b.iter().fold(0f32, |a, &v| a.max(v.abs()));
+    let (mut q, mut u, mut dd) = (vec![0i8; x.len()], Vec::new(), Vec::new());
+    for (c, chunk) in x.chunks(256).enumerate() {
+        let d = amax(chunk) / 1016.0;
+        dd.push(d);
+        for (s, blk) in chunk.chunks(32).enumerate() {
+            let us = if d > 0.0 {
+                ((amax(blk) / (127.0 * d)).ceil() as i32).clamp(1, 8)
+            } else {
+                1
+            };
+            u.push(us);
+            let step = d * us as f32;
+            let id = if step > 0.0 { 1.0 / step } else { 0.0 };
+            for (j, &v) in blk.iter().enumerate() {
+                q[c * 256 + s * 32 + j] = ((v * id).round() as i32).clamp(-127, 127) as i8;
+            }
+        }
+    }
+    (q, u, dd)
+}
+
+/// x [m, k] as [`Gpu::quantize_mmq_x`] lays it out for `ty`, from the host rules: xq
+/// [k / 256][mp][256] and the float pairs of xds [k / 256][8][mp] as bits (Q8_0: (d,
+/// d * sum(q)); Q4_K: (u, the int16 pair (u bsum) of sub-blocks s, s + 1) for even s, (u, D)
+/// for odd s), rows m .. mp zero (Q4_K: u = 1).
+fn mmq_x_host(x: &[f32], m: usize, mp: usize, k: usize, q4k: bool) -> (Vec<i8>, Vec<u32>) {
+    let chunks = k / 256;
+    let (mut xq, mut xds) = (
+        vec![0i8; chunks * mp * 256],
+        vec![0u32; chunks * 8 * mp * 2],
+    );
+    for t in 0..mp {
+        for c in 0..chunks {
+            for s in 0..8 {
+                let slot = ((c * 8 + s) * mp + t) * 2;
+                xds[slot] = if q4k { 1 } else { 0 };
+            }
+        }
+    }
+    for t in 0..m {
+        let row = &x[t * k..(t + 1) * k];
+        // (q, the slots of sub-block b = c * 8 + s as bits)
+        let (q, slots): (Vec<i8>, Vec<(u32, u32)>) = if q4k {
+            let (q, u, d) = q8u_host(row);
+            let bsum = |b: usize| -> i32 {
+                u[b] * q[b * 32..b * 32 + 32]
+                    .iter()
+                    .map(|&v| v as i32)
+                    .sum::<i32>()
+            };
+            let slots = (0..k / 32)
+                .map(|b| {
+                    let y = if b % 2 == 1 {
+                        d[b / 8].to_bits()
+                    } else {
+                        (bsum(b) as u32 & 0xffff) | ((bsum(b + 1) as u32) << 16)
+                    };
+                    (u[b] as u32, y)
+                })
+                .collect();
+            (q, slots)
+        } else {
+            let (q, d) = q8_host(row);
+            let slots = (0..k / 32)
+                .map(|b| {
+                    let sum: i32 = q[b * 32..b * 32 + 32].iter().map(|&v| v as i32).sum();
+                    (d[b].to_bits(), (d[b] * sum as f32).to_bits())
+                })
+                .collect();
+            (q, slots)
+        };
+        for c in 0..chunks {
+            let dst = (c * mp + t) * 256;
+            xq[dst..dst + 256].copy_from_slice(&q[c * 256..c * 256 + 256]);
+            for s in 0..8 {
+                let slot = ((c * 8 + s) * mp + t) * 2;
+                (xds[slot], xds[slot + 1]) = slots[c * 8 + s];
+            }
+        }
+    }
+    (xq, xds)
+}
+
 /// Quantized weights kept compressed (`mlaserve_cuda::qgemv`), random weights quantized on the
 /// host with the crate's own quantizers:
 /// - x quantized to int8 per 32 values: exactly the host's rule (d = amax / 127,
@@ -2867,6 +2956,10 @@ fn q8_host(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
 ///   only f32 summation order differs), and against the unquantized x (bound 2e-2: what
 ///   quantizing x costs);
 /// - the expert GEMV over pairs (a missing expert pointer, an expert not held);
+/// - x quantized for the int8 tensor-core kernel (Q8_0 per 32 values; Q4_K a scale a chunk and
+///   an integer factor a sub-block, `qmmq::x_q8u`) bit for bit against the host rules;
+/// - M = 1 .. 64 on that kernel (k % 256 == 0; accumulate, splits along K) against the stored
+///   weights times x so quantized in f64 (bound 1e-4), dense and grouped;
 /// - M = 5 .. 64 on the tensor-core kernel (dense mode, accumulate) and M = 80 through
 ///   dequantize + cuBLAS, against the bf16-rounded dequantized weights in f64; the
 ///   dequantize kernel bit-exact against the CPU dequantizer rounded to bf16;
@@ -2876,7 +2969,8 @@ fn q8_host(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
 /// Q8_0 widths 2080 and 1408 leave partial warp steps; Q4_K 1280 a partial super-block step.
 fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     use mlaserve_backend::QMatrix;
-    use mlaserve_cuda::qgemv::{PairCombine, QType, QmvVariant};
+    use mlaserve_cuda::qgemv::{PairCombine, QPath, QType, QmvVariant};
+    use mlaserve_cuda::qmmq::x_q8u;
     use rayon::prelude::*;
     // (type, rows, k, sweep every variant)
     let cases = [
@@ -2923,6 +3017,25 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             mism as f64,
             0.0,
         );
+        // x as the int8 tensor-core kernels take it (Q4_K: q8u, Q8_0: per 32), bit for bit
+        // against the host rules, at one and at eight tiles (rows past m zero).
+        if k % 256 == 0 && gpu.has_flash_attn() {
+            for m in [5usize, 64] {
+                let mp = if m <= 8 { 8 } else { 64 };
+                let (gq, gd) = gpu.quantize_mmq_x(xb.ptr(), m, k, ty).unwrap();
+                let (hq, hd) = mmq_x_host(&x, m, mp, k, x_q8u(ty) == 1);
+                let gd = gpu.to_host(&gd).unwrap();
+                let mism = (gpu.to_host(&gq).unwrap().iter().zip(&hq))
+                    .filter(|(a, b)| a != b)
+                    .count()
+                    + gd.iter()
+                        .zip(&hd)
+                        .filter(|(a, b)| a.to_bits() != **b)
+                        .count();
+                let name = format!("{ty:?} [{m} x {k}]");
+                rep.check("quantize_mmq_x", name, "bf16>i8", mism as f64, 0.0);
+            }
+        }
         // In f64: `want` over the quantized x (first 8 vectors), `want_x` over x itself, and
         // `want_bf` over the weights rounded to bf16 (what the tensor-core path multiplies).
         let wr = round_bf(&wf);
@@ -2940,6 +3053,21 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         // (64 vectors where the int8 tensor-core kernel takes the matrix: k % 256 == 0)
         let nq = if k % 256 == 0 { 64 } else { 8 };
         let want = dot(nq, &wf, &|i| xq[i] as f64 * xdq[i / 32] as f64);
+        // The int8 tensor-core kernel's reference: Q4_K takes x by the q8u rule there.
+        let want_k;
+        let want_mmq: &[f32] = if k % 256 == 0 && x_q8u(ty) == 1 {
+            let (xk, u, d) = q8u_host(&x[..nq * k]);
+            let v = |i: usize| xk[i] as f64 * u[i / 32] as f64 * d[i / 256] as f64;
+            want_k = dot(nq, &wf, &v);
+            &want_k
+        } else {
+            &want
+        };
+        // The reference of the path `qgemm` takes for m rows.
+        let want_of = |m: usize| match gpu.qgemm_path(&wd, m) {
+            QPath::Mmq => want_mmq,
+            _ => &want[..],
+        };
         let want_x = dot(8, &wf, &|i| x[i] as f64);
         let want_bf = dot(mmax, &wr, &|i| x[i] as f64);
         let shape = |m: usize| format!("{ty:?} [{rows} x {k}] M{m}");
@@ -3051,7 +3179,7 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             }
         }
         for m in [1usize, 2, 3, 4, 6, 8] {
-            let err = run(m, false, &want, &|o| {
+            let err = run(m, false, want_of(m), &|o| {
                 gpu.qgemm(&wd, m, xb.ptr(), o, false).unwrap()
             });
             rep.check("qgemm int8", shape(m), "q*i8>f32", err, 1e-4);
@@ -3061,7 +3189,7 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         });
         rep.check("qgemm int8 vs x", shape(1), "q*bf16>f32", err, 2e-2);
         for m in [1usize, 3] {
-            let err = run(m, true, &want, &|o| {
+            let err = run(m, true, want_of(m), &|o| {
                 gpu.qgemm(&wd, m, xb.ptr(), o, true).unwrap()
             });
             rep.check("qgemm accumulate", shape(m), "q*i8>f32", err, 1e-4);
@@ -3081,7 +3209,7 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             .into_iter()
             .chain([(17, false), (31, true), (33, false), (64, true), (1, false)])
             {
-                let err = run(m, acc, &want, &|o| {
+                let err = run(m, acc, want_mmq, &|o| {
                     gpu.qgemm_mmq(&wd, m, xb.ptr(), o, acc).unwrap()
                 });
                 rep.check("qgemm_mmq", shape(m), "q*i8>f32", err, 1e-4);
@@ -3102,8 +3230,8 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             for (m, acc) in [(12usize, true), (17, false), (40, false), (64, true)] {
                 let path = gpu.qgemm_path(&wd, m);
                 let (reference, ty_s) = match path {
-                    mlaserve_cuda::qgemv::QPath::Mmq => (&want, "q*i8>f32"),
-                    _ => (&want_bf, "q>bf16>f32"),
+                    QPath::Mmq => (want_mmq, "q*i8>f32"),
+                    _ => (&want_bf[..], "q>bf16>f32"),
                 };
                 let err = run(m, acc, reference, &|o| {
                     gpu.qgemm(&wd, m, xb.ptr(), o, acc).unwrap()
@@ -3278,6 +3406,12 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                             .iter()
                             .map(|&b| f32::from_bits((b as u32) << 16))
                             .collect();
+                        if x_q8u(ty) == 1 {
+                            let (q, u, d) = q8u_host(&xf);
+                            return (q.iter().enumerate())
+                                .map(|(i, &v)| v as f64 * u[i / 32] as f64 * d[i / 256] as f64)
+                                .collect();
+                        }
                         let (q, d) = q8_host(&xf);
                         (q.iter().enumerate())
                             .map(|(i, &v)| v as f64 * d[i / 32] as f64)

@@ -101,6 +101,12 @@ impl QMat {
     pub fn bytes(&self) -> usize {
         self.rows * self.ty.row_bytes(self.cols)
     }
+
+    /// The fewest rows of x [`Gpu::qgemm`] takes to the int8 tensor-core kernel for this
+    /// matrix (`qmmq::mmq_from`; None: never).
+    pub fn mmq_from(&self) -> Option<usize> {
+        crate::qmmq::mmq_from(self.ty, self.rows, self.cols)
+    }
 }
 
 /// Q8_0 ggml blocks of a [rows, cols] matrix -> the GPU layout: int8 quants [rows, cols], then
@@ -160,18 +166,19 @@ pub enum QPath {
 
 impl QPath {
     /// The path for `m` rows of x against a matrix of `k` columns, given the GPU's opt-in shared
-    /// memory per block and whether it has the tensor-core kernels (sm_80+). The GEMV takes up
-    /// to [`QMV_GEMV_MAX_M`] rows where x leaves room for two blocks per SM (one block of an
+    /// memory per block, whether it has the tensor-core kernels (sm_80+) and the fewest rows
+    /// the int8 tensor-core kernel takes for this matrix (`from`: `qmmq::mmq_from`; None:
+    /// never). That kernel takes from `from` rows where K % 256 == 0; the GEMV up to
+    /// [`QMV_GEMV_MAX_M`] rows where x leaves room for two blocks per SM (one block of an
     /// 8-row GEMV over K = 18,432 measured slower than the tensor-core kernel), or one row
     /// wherever it fits; without tensor cores, up to 32 rows wherever they fit.
-    pub fn choose(m: usize, k: usize, max_smem: usize, tc: bool) -> Self {
+    pub fn choose(m: usize, k: usize, max_smem: usize, tc: bool, from: Option<usize>) -> Self {
         let fits = |m: usize, share: usize| {
             k <= QMV_MAX_K
                 // (the kernels' shared memory depends on the vector count alone)
                 && QmvVariant::for_m(QType::Q8_0, m.min(QmvVariant::MAX_M))
                     .is_some_and(|v| v.smem(k) <= max_smem / share)
         };
-        let from = crate::qmmq::mmq_from();
         let mmq = tc && k % 256 == 0 && m <= crate::qmmq::QMMQ_MAX_M && from.is_some();
         if mmq && from.is_some_and(|lo| m >= lo) {
             QPath::Mmq
@@ -459,7 +466,8 @@ fn bulk_min_k() -> usize {
 }
 
 /// Rows of x from which the int8 tensor-core kernel beats the GEMV (bench/cuda/qgemv.md,
-/// session 23: at 8 rows on every shape, at 4 on the large ones only, at 2 on none).
+/// session 23: at 8 rows on every shape, at 4 on the large ones only, at 2 on none); large
+/// Q4_K matrices from fewer (`qmmq::QMMQ_Q4K_EARLY_M`).
 pub const QMMQ_FROM_M: usize = 5;
 
 /// `MLASERVE_QMV_W3=0` (comparisons, read once): never [`QmvVariant::WIDE3`].
@@ -629,7 +637,7 @@ impl Gpu {
             && (1..=32).contains(&k)
             && combine_allowed()
             && narrow_only(QmvVariant::PAIRS) == QmvVariant::PAIRS
-            && QPath::choose(1, w.cols, self.max_smem_per_block, tc) == QPath::Gemv
+            && QPath::choose(1, w.cols, self.max_smem_per_block, tc, w.mmq_from()) == QPath::Gemv
     }
 
     /// The kernel of one vector against `w`: two words a lane, on three CTAs an SM where they
@@ -748,7 +756,7 @@ impl Gpu {
         if m != 1
             || w.rows % 2 != 0
             || !glu_allowed()
-            || QPath::choose(1, w.cols, self.max_smem_per_block, tc) != QPath::Gemv
+            || QPath::choose(1, w.cols, self.max_smem_per_block, tc, w.mmq_from()) != QPath::Gemv
         {
             return Ok(false);
         }
@@ -1024,7 +1032,8 @@ impl Gpu {
 
     /// How [`Gpu::qgemm`] computes `m` rows of x against `w` on this GPU.
     pub fn qgemm_path(&self, w: &QMat, m: usize) -> QPath {
-        QPath::choose(m, w.cols, self.max_smem_per_block, self.has_flash_attn())
+        let tc = self.has_flash_attn();
+        QPath::choose(m, w.cols, self.max_smem_per_block, tc, w.mmq_from())
     }
 
     /// out[M, rows] (+)= x[M, cols] . W^T for any M, x bf16 [M, cols], by [`QPath::choose`]:
@@ -1216,7 +1225,8 @@ mod tests {
     fn qgemm_paths_follow_rows_of_x_and_shared_memory() {
         use QPath::*;
         let h200 = 227 << 10;
-        let path = |m, _rows: usize, k| QPath::choose(m, k, h200, true);
+        let from = Some(QMMQ_FROM_M);
+        let path = |m, _rows: usize, k| QPath::choose(m, k, h200, true, from);
         // 1-8 rows: the GEMV while 8 rows of x leave room for two blocks (K = 10,944: 109 KB),
         // from QMMQ_FROM_M rows the int8 tensor-core kernel where K % 256 == 0.
         assert_eq!(path(1, 3072, 2048), Gemv);
@@ -1237,7 +1247,25 @@ mod tests {
         assert_eq!(path(1, 64, QMV_MAX_K + 256), Mmq);
         assert_eq!(path(1, 64, QMV_MAX_K + 32), TensorCore);
         // Without tensor cores (pre-sm_80, 96 KB): GEMVs up to 32 rows where they fit.
-        let old = |m, k| QPath::choose(m, k, 96 << 10, false);
+        // Large Q4_K matrices from QMMQ_Q4K_EARLY_M rows, small ones and Q8_0 from 5.
+        use crate::qmmq::{mmq_from, QMMQ_Q4K_EARLY_M};
+        let (big, small) = (
+            mmq_from(QType::Q4K, 21888, 2048),
+            mmq_from(QType::Q4K, 2048, 2048),
+        );
+        if std::env::var_os("MLASERVE_QMMQ").is_none() {
+            assert_eq!(big, Some(QMMQ_Q4K_EARLY_M));
+            assert_eq!(small, Some(QMMQ_FROM_M));
+            assert_eq!(mmq_from(QType::Q8_0, 21888, 2048), Some(QMMQ_FROM_M));
+        }
+        let q4k = |m, k| QPath::choose(m, k, h200, true, big);
+        assert_eq!(q4k(QMMQ_Q4K_EARLY_M - 1, 2048), Gemv);
+        assert_eq!(q4k(QMMQ_Q4K_EARLY_M, 2048), Mmq);
+        assert_eq!(q4k(QMMQ_Q4K_EARLY_M, 2080), Gemv);
+        // MLASERVE_QMMQ=0: never (the GEMV, then the bf16 tensor-core kernel).
+        assert_eq!(QPath::choose(8, 2048, h200, true, None), Gemv);
+        assert_eq!(QPath::choose(9, 2048, h200, true, None), TensorCore);
+        let old = |m, k| QPath::choose(m, k, 96 << 10, false, from);
         assert_eq!(old(1, QMV_MAX_K + 256), Dequantize);
         assert_eq!(old(12, 2048), Gemv);
         assert_eq!(old(32, 2048), Gemv);

@@ -154,7 +154,7 @@ impl Gpu {
 
     /// Whether [`Gpu::moe_gemm`] takes quantized experts of `k` columns to [`Gpu::moe_mmq`].
     pub fn moe_mmq_fits(&self, k: usize) -> bool {
-        self.has_flash_attn() && k % 256 == 0 && mmq_from().is_some()
+        self.has_flash_attn() && k % 256 == 0 && mmq_env() != Some(None)
     }
 
     /// [`Gpu::moe_gemm`] over quantized experts on the int8 tensor-core kernel: the sorted rows
@@ -226,18 +226,41 @@ fn forced_splits() -> Option<usize> {
     *N.get_or_init(|| std::env::var("MLASERVE_QMMQ_SPLITS").ok()?.parse().ok())
 }
 
-/// The fewest rows of x `QPath::choose` gives the int8 tensor-core kernel where K % 256 == 0
-/// (below it the GEMV where x fits it, else this kernel): by default
-/// [`crate::qgemv::QMMQ_FROM_M`]; `MLASERVE_QMMQ=0` (comparisons, read once): never (None),
-/// dense or grouped; `=all`: from 2 rows.
-pub(crate) fn mmq_from() -> Option<usize> {
-    static R: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+/// `MLASERVE_QMMQ` (comparisons, read once): `0` never (dense or grouped), `all` from 2 rows,
+/// a number n from n rows, for every type and size; unset or anything else: the rule of
+/// [`mmq_from`].
+fn mmq_env() -> Option<Option<usize>> {
+    static R: std::sync::OnceLock<Option<Option<usize>>> = std::sync::OnceLock::new();
     *R.get_or_init(|| match std::env::var("MLASERVE_QMMQ").as_deref() {
-        Ok("0") => None,
-        Ok("all") => Some(2),
-        _ => Some(crate::qgemv::QMMQ_FROM_M),
+        Ok("0") => Some(None),
+        Ok("all") => Some(Some(2)),
+        Ok(n) => n.parse().ok().map(Some),
+        Err(_) => None,
     })
 }
+
+/// The fewest rows of x `QPath::choose` gives the int8 tensor-core kernel against a `ty`
+/// matrix [rows, cols] where cols % 256 == 0 (below it the GEMV where x fits it, else this
+/// kernel); None: never ([`mmq_env`]). By default [`crate::qgemv::QMMQ_FROM_M`], and for Q4_K
+/// matrices of at least [`QMMQ_Q4K_EARLY_BYTES`] [`QMMQ_Q4K_EARLY_M`].
+pub(crate) fn mmq_from(ty: QType, rows: usize, cols: usize) -> Option<usize> {
+    match mmq_env() {
+        Some(forced) => forced,
+        None if ty == QType::Q4K && rows * ty.row_bytes(cols) >= QMMQ_Q4K_EARLY_BYTES => {
+            Some(QMMQ_Q4K_EARLY_M)
+        }
+        None => Some(crate::qgemv::QMMQ_FROM_M),
+    }
+}
+
+/// Q4_K matrices of at least this many bytes take the int8 tensor-core kernel from
+/// [`QMMQ_Q4K_EARLY_M`] rows: at 4 rows it took 14.0 µs against the GEMV's 19.2 on V2-Lite's
+/// gate_up (25 MB), 35.2 against 43.5 on V3's gate/up, 34.2 against 54.4 on its down, and lost
+/// on the 2.4 MB o_proj (8.5-9.0 against 6.0) (bench/cuda/qgemv.md, session 25).
+pub const QMMQ_Q4K_EARLY_BYTES: usize = 8 << 20;
+
+/// See [`QMMQ_Q4K_EARLY_BYTES`].
+pub const QMMQ_Q4K_EARLY_M: usize = 3;
 
 #[cfg(test)]
 mod tests {

@@ -52,6 +52,13 @@ __device__ __forceinline__ bool mmq_tile(const int* offsets, const int* tile_off
 
 #define MMQ_XS 288      // shared row stride of a row of x's 256 quants: conflict-free 8-byte loads
 #define MMQ_STAGES 3
+#define MMQ_THREADS 128  // a block: 4 warps x 16 weight rows (every launch, qmmq.rs)
+// Register bounds: the 2-tile kernels 4 blocks an SM (Q8_0 grouped took 147 unbounded), the
+// 4-tile ones 3 (Q4_K took 173: 2 blocks); no spills (ptxas -v).
+#define MMQ_BOUNDS_1 __launch_bounds__(MMQ_THREADS)
+#define MMQ_BOUNDS_2 __launch_bounds__(MMQ_THREADS, 4)
+#define MMQ_BOUNDS_4 __launch_bounds__(MMQ_THREADS, 3)
+#define MMQ_BOUNDS_8 __launch_bounds__(MMQ_THREADS)
 
 // c = A . B + c0 (c0 in every lane of the accumulator): 0x4B400000 for Q8_0's float read,
 // 0 for Q4_K's integer sums.
@@ -255,11 +262,18 @@ __device__ __forceinline__ void qmmq_body(const unsigned char* w, int rows, int 
     auto stage = [&](int buf, int c) {
         unsigned char* dst = mmq_smem + buf * STAGE;
         const unsigned char* src = (const unsigned char*)xq + (i64)c * MP * 256;
-        for (int i = threadIdx.x; i < MP * 16; i += blockDim.x)
+        // (MMQ_THREADS a block, known here: the copies unrolled, no loop a stage)
+#pragma unroll
+        for (int i0 = 0; i0 < MP * 16; i0 += MMQ_THREADS) {
+            const int i = i0 + threadIdx.x;
             mla_cp16(mla_smem(dst + (i >> 4) * MMQ_XS + (i & 15) * 16), src + i * 16, 16);
+        }
         const unsigned char* sd = (const unsigned char*)(xds + (i64)c * 8 * MP);
-        for (int i = threadIdx.x; i < MP * 4; i += blockDim.x)
-            mla_cp16(mla_smem(dst + MP * MMQ_XS + i * 16), sd + i * 16, 16);
+#pragma unroll
+        for (int i0 = 0; i0 < MP * 4; i0 += MMQ_THREADS) {
+            const int i = i0 + threadIdx.x;
+            if (i < MP * 4) mla_cp16(mla_smem(dst + MP * MMQ_XS + i * 16), sd + i * 16, 16);
+        }
     };
 #pragma unroll
     for (int s = 0; s < MMQ_STAGES - 1; s++) {
@@ -293,7 +307,7 @@ __device__ __forceinline__ void qmmq_body(const unsigned char* w, int rows, int 
 }
 
 #define QMMQ_ENTRY(NAME, TY, NT)                                                                \
-    extern "C" __global__ void __launch_bounds__(128)                                           \
+    extern "C" __global__ void MMQ_BOUNDS_##NT                                                   \
         NAME(const unsigned char* w, int rows, int k, const signed char* xq, const float2* xds, \
              int m, float* out, int accumulate) {                                               \
         MLA_WEIGHTS_FIRST();                                                                    \
@@ -314,7 +328,7 @@ QMMQ_ENTRY(qmmq_q8_0_n8, QT_Q8_0, 8)
 // q8_quantize_mmq_grouped (tile j's chunks at xq + j * k * 8 NT, xds + j * (k / 32) * 8 NT).
 // W_e at w_ptrs[e] (null: zeros). grid (ceil(n / 64), tiles), block 128.
 #define QMMQ_GROUPED(NAME, TY, NT)                                                              \
-    extern "C" __global__ void __launch_bounds__(128)                                           \
+    extern "C" __global__ void MMQ_BOUNDS_##NT                                                   \
         NAME(const unsigned long long* w_ptrs, const int* offsets, const int* tile_off,        \
              int held, int n, int k, const signed char* xq, const float2* xds, float* out) {    \
         MLA_PDL();                                                                              \

@@ -23,6 +23,9 @@ use cudarc::driver::LaunchConfig;
 /// Most rows of x a launch takes (8 tiles of 8).
 pub const QMMQ_MAX_M: usize = 64;
 
+/// Threads a block (qmmq.cu's MMQ_THREADS: its x staging is unrolled for this count).
+const MMQ_THREADS: u32 = 128;
+
 /// Rows of x a kernel takes: 8 * its tiles.
 fn tiles(m: usize) -> usize {
     match m {
@@ -100,7 +103,7 @@ impl Gpu {
             .clamp(1, 16);
         let cfg = LaunchConfig {
             grid_dim: (nblk as u32, splits as u32, 1),
-            block_dim: (128, 1, 1),
+            block_dim: (MMQ_THREADS, 1, 1),
             shared_mem_bytes: bytes as u32,
         };
         let wp = w.w.ptr();
@@ -200,7 +203,7 @@ impl Gpu {
         self.raise_smem(name, bytes)?;
         let cfg = LaunchConfig {
             grid_dim: (n.div_ceil(64) as u32, tiles as u32, 1),
-            block_dim: (128, 1, 1),
+            block_dim: (MMQ_THREADS, 1, 1),
             shared_mem_bytes: bytes as u32,
         };
         self.launch(
@@ -287,6 +290,7 @@ mod tests {
         // the source's stage size, for the largest tile count
         assert!(crate::kernels::SOURCE.contains("#define MMQ_XS 288"));
         assert!(crate::kernels::SOURCE.contains("#define MMQ_STAGES 3"));
+        assert!(crate::kernels::SOURCE.contains(&format!("#define MMQ_THREADS {MMQ_THREADS}")));
         assert_eq!(smem(8), 3 * (64 * 288 + 64 * 64));
     }
 }

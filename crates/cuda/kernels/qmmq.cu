@@ -123,7 +123,7 @@ __device__ __forceinline__ void mmq_sub(float (&acc)[NT][4], const unsigned (&a)
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         const uint2 b = *(const uint2*)(st + (8 * t + g) * MMQ_XS + 32 * s + 8 * q);
-        const float4 d = *(const float4*)&ds[8 * t + 2 * q];  // (dx, xs) of rows 2q, 2q + 1
+        const float4 d = *(const float4*)&ds[8 * t + 2 * q];  // dx of rows 2q, 2q + 1: .x, .z
         unsigned c[4];
         mmq_mma(c, a, b.x, b.y, 0x4B400000u);
         const float f0 = __uint_as_float(c[0]) - 12582912.f, f1 = __uint_as_float(c[1]) - 12582912.f;
@@ -230,7 +230,8 @@ __device__ __forceinline__ void mmq_chunk(float (&acc)[NT][4], const MmqW<TY>& r
     }
 }
 
-// The shared memory of a launch: MMQ_STAGES stages of x (quants, then (dx, xs)).
+// The shared memory of a launch: MMQ_STAGES stages of x (quants, then the 8 sub-blocks' xds
+// slots: Q8_0 (dx, dx * sum(x_q)), of which the kernel reads dx; Q4_K q8u_sub's).
 template <int NT>
 __device__ __forceinline__ constexpr int mmq_stage_bytes() {
     return 8 * NT * MMQ_XS + 8 * 8 * NT * 8;
@@ -324,8 +325,8 @@ QMMQ_ENTRY(qmmq_q8_0_n4, QT_Q8_0, 4)
 QMMQ_ENTRY(qmmq_q8_0_n8, QT_Q8_0, 8)
 
 // Grouped expert GEMM: out[r, :n] = W_e[:n, :k] . x_q[r] for every sorted row r of held expert
-// e (moe_gemm's contract, x quantized per 32 values): m-tile blockIdx.y of 8 NT rows, x from
-// q8_quantize_mmq_grouped (tile j's chunks at xq + j * k * 8 NT, xds + j * (k / 32) * 8 NT).
+// e (moe_gemm's contract over x as quantized for the type): m-tile blockIdx.y of 8 NT rows, x
+// from q8_quantize_mmq_grouped (tile j's chunks at xq + j * k * 8 NT, xds + j * (k / 32) * 8 NT).
 // W_e at w_ptrs[e] (null: zeros). grid (ceil(n / 64), tiles), block 128.
 #define QMMQ_GROUPED(NAME, TY, NT)                                                              \
     extern "C" __global__ void MMQ_BOUNDS_##NT                                                   \

@@ -289,7 +289,9 @@ pub fn lab_defines() -> &'static [String] {
     })
 }
 
-/// Compiles [`SOURCE`] with NVRTC (no GPU needed, only libnvrtc).
+/// Compiles [`SOURCE`] with NVRTC (no GPU needed, only libnvrtc). NVRTC's defaults stay
+/// (IEEE division and square root, no fast math): the quantize kernels' scales and the op
+/// table's bit-exact host references (q8_block, q8u_sub) rest on them.
 pub fn compile(arch: &'static str) -> Result<Ptx> {
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Err(CudaError::Unavailable(

@@ -112,8 +112,9 @@ impl Gpu {
     /// for every held expert e and row r of e, src(r) = order[r] / x_div when `gather` else r.
     /// `w_ptrs` [held] [n, k] matrices, bf16 (`wty` None) or quantized (qgemv.rs layouts); x
     /// bf16; out f32 [pairs, n] (rows of dropped pairs untouched). Quantized experts with
-    /// k % 256 == 0 go to the int8 tensor-core kernel over x quantized per 32 values
-    /// ([`Gpu::moe_mmq`]; `MLASERVE_QMMQ=0`: never), others to [`Gpu::moe_gemm_tiles`].
+    /// k % 256 == 0 go to the int8 tensor-core kernel over x quantized to int8 (Q8_0 per 32
+    /// values, Q4_K by `qmmq::x_q8u`; [`Gpu::moe_mmq`]; `MLASERVE_QMMQ=0`: never), others to
+    /// [`Gpu::moe_gemm_tiles`].
     #[allow(clippy::too_many_arguments)]
     pub fn moe_gemm(
         &self,

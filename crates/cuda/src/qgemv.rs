@@ -1037,9 +1037,12 @@ impl Gpu {
     }
 
     /// out[M, rows] (+)= x[M, cols] . W^T for any M, x bf16 [M, cols], by [`QPath::choose`]:
-    /// the int8 GEMV or the int8 tensor-core kernel over x quantized per 32 values; the
-    /// tensor-core kernel dequantizing weight tiles in shared memory; else W dequantized in
-    /// row chunks to a bf16 scratch (reserved, or the step arena) and cuBLAS.
+    /// the int8 GEMV over x quantized per 32 values or the int8 tensor-core kernel over x
+    /// quantized as `qmmq::x_q8u` says (Q8_0 per 32 values; Q4_K a scale a chunk and a factor
+    /// a sub-block, so for Q4_K the rows of x at which the path changes also change x's
+    /// rounding, not only the summation order); the tensor-core kernel dequantizing weight
+    /// tiles in shared memory; else W dequantized in row chunks to a bf16 scratch (reserved,
+    /// or the step arena) and cuBLAS.
     pub fn qgemm(&self, w: &QMat, m: usize, x: u64, out: u64, accumulate: bool) -> Result<()> {
         if m == 0 {
             return Ok(());
@@ -1246,25 +1249,22 @@ mod tests {
         // K past the GEMV's limit.
         assert_eq!(path(1, 64, QMV_MAX_K + 256), Mmq);
         assert_eq!(path(1, 64, QMV_MAX_K + 32), TensorCore);
-        // Without tensor cores (pre-sm_80, 96 KB): GEMVs up to 32 rows where they fit.
-        // Large Q4_K matrices from QMMQ_Q4K_EARLY_M rows, small ones and Q8_0 from 5.
+        // Large Q4_K matrices from QMMQ_Q4K_EARLY_M rows, small ones and Q8_0 from 5 (the
+        // rule, where MLASERVE_QMMQ does not override it).
         use crate::qmmq::{mmq_from, QMMQ_Q4K_EARLY_M};
-        let (big, small) = (
-            mmq_from(QType::Q4K, 21888, 2048),
-            mmq_from(QType::Q4K, 2048, 2048),
-        );
         if std::env::var_os("MLASERVE_QMMQ").is_none() {
-            assert_eq!(big, Some(QMMQ_Q4K_EARLY_M));
-            assert_eq!(small, Some(QMMQ_FROM_M));
+            assert_eq!(mmq_from(QType::Q4K, 21888, 2048), Some(QMMQ_Q4K_EARLY_M));
+            assert_eq!(mmq_from(QType::Q4K, 2048, 2048), Some(QMMQ_FROM_M));
             assert_eq!(mmq_from(QType::Q8_0, 21888, 2048), Some(QMMQ_FROM_M));
         }
-        let q4k = |m, k| QPath::choose(m, k, h200, true, big);
+        let q4k = |m, k| QPath::choose(m, k, h200, true, Some(QMMQ_Q4K_EARLY_M));
         assert_eq!(q4k(QMMQ_Q4K_EARLY_M - 1, 2048), Gemv);
         assert_eq!(q4k(QMMQ_Q4K_EARLY_M, 2048), Mmq);
         assert_eq!(q4k(QMMQ_Q4K_EARLY_M, 2080), Gemv);
         // MLASERVE_QMMQ=0: never (the GEMV, then the bf16 tensor-core kernel).
         assert_eq!(QPath::choose(8, 2048, h200, true, None), Gemv);
         assert_eq!(QPath::choose(9, 2048, h200, true, None), TensorCore);
+        // Without tensor cores (pre-sm_80, 96 KB): GEMVs up to 32 rows where they fit.
         let old = |m, k| QPath::choose(m, k, 96 << 10, false, from);
         assert_eq!(old(1, QMV_MAX_K + 256), Dequantize);
         assert_eq!(old(12, 2048), Gemv);

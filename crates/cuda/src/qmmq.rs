@@ -60,7 +60,7 @@ fn grouped_kernel(ty: QType, nt: usize) -> &'static str {
 }
 
 /// Shared memory of a launch with `nt` tiles: 3 stages of x (quants at a 288-byte row
-/// stride, then (dx, xs) of 8 sub-blocks) — qmmq.cu's MMQ_STAGES * mmq_stage_bytes.
+/// stride, then the xds slots of 8 sub-blocks) — qmmq.cu's MMQ_STAGES * mmq_stage_bytes.
 fn smem(nt: usize) -> usize {
     3 * (8 * nt * 288 + 8 * 8 * nt * 8)
 }
@@ -229,17 +229,25 @@ fn forced_splits() -> Option<usize> {
     *N.get_or_init(|| std::env::var("MLASERVE_QMMQ_SPLITS").ok()?.parse().ok())
 }
 
-/// `MLASERVE_QMMQ` (comparisons, read once): `0` never (dense or grouped), `all` from 2 rows,
-/// a number n from n rows, for every type and size; unset or anything else: the rule of
-/// [`mmq_from`].
+/// `MLASERVE_QMMQ` (comparisons, read once), for every type and size: exactly `0`: never
+/// (dense or grouped); `all`: from 2 rows; a number n in 2 ..= 9: from n rows (the GEMV takes
+/// at most 8, so from 9 on the kernel has everything past the GEMV anyway). Anything else
+/// (unset, `1`, other values): the rule of [`mmq_from`].
 fn mmq_env() -> Option<Option<usize>> {
     static R: std::sync::OnceLock<Option<Option<usize>>> = std::sync::OnceLock::new();
-    *R.get_or_init(|| match std::env::var("MLASERVE_QMMQ").as_deref() {
-        Ok("0") => Some(None),
-        Ok("all") => Some(Some(2)),
-        Ok(n) => n.parse().ok().map(Some),
-        Err(_) => None,
-    })
+    *R.get_or_init(|| parse_mmq_env(std::env::var("MLASERVE_QMMQ").ok().as_deref()))
+}
+
+fn parse_mmq_env(v: Option<&str>) -> Option<Option<usize>> {
+    match v? {
+        "0" => Some(None),
+        "all" => Some(Some(2)),
+        n => n
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (2..=crate::qgemv::QMV_GEMV_MAX_M + 1).contains(n))
+            .map(Some),
+    }
 }
 
 /// The fewest rows of x `QPath::choose` gives the int8 tensor-core kernel against a `ty`
@@ -257,9 +265,11 @@ pub(crate) fn mmq_from(ty: QType, rows: usize, cols: usize) -> Option<usize> {
 }
 
 /// Q4_K matrices of at least this many bytes take the int8 tensor-core kernel from
-/// [`QMMQ_Q4K_EARLY_M`] rows: at 4 rows it took 14.0 µs against the GEMV's 19.2 on V2-Lite's
-/// gate_up (25 MB), 35.2 against 43.5 on V3's gate/up, 34.2 against 54.4 on its down, and lost
-/// on the 2.4 MB o_proj (8.5-9.0 against 6.0) (bench/cuda/qgemv.md, session 25).
+/// [`QMMQ_Q4K_EARLY_M`] rows (bench/cuda/qgemv.md, session 25, run 5): at 3 / 4 rows it took
+/// 14.0 / 13.9 µs against the GEMV's 16.7 / 19.2 on V2-Lite's gate_up (25 MB), 35.4 / 35.3
+/// against 37.6 / 43.5 on V3's gate/up and 34.1 / 34.2 against 45.7 / 54.2 on its down (74 MB),
+/// and lost on the 3.5 MB q_proj (10.2 / 10.7 against 5.9 / 6.9) and the 2.4 MB o_proj (9.2 /
+/// 11.7 against 5.2 / 6.0). Between 3.5 and 25 MB nothing was measured: the bound sits there.
 pub const QMMQ_Q4K_EARLY_BYTES: usize = 8 << 20;
 
 /// See [`QMMQ_Q4K_EARLY_BYTES`].
@@ -286,6 +296,15 @@ mod tests {
                 let nt = if name.ends_with("_n2") { 2 } else { 8 };
                 assert_eq!(nt, bm / 8, "{name} for {bm}-row tiles");
             }
+        }
+        // MLASERVE_QMMQ: only exactly "0" turns the kernel off; "1" is not "from 1 row"
+        assert_eq!(parse_mmq_env(None), None);
+        assert_eq!(parse_mmq_env(Some("0")), Some(None));
+        assert_eq!(parse_mmq_env(Some("all")), Some(Some(2)));
+        assert_eq!(parse_mmq_env(Some("3")), Some(Some(3)));
+        assert_eq!(parse_mmq_env(Some("9")), Some(Some(9)));
+        for other in ["1", "00", "10", "64", "on", ""] {
+            assert_eq!(parse_mmq_env(Some(other)), None, "{other}");
         }
         // the source's stage size, for the largest tile count
         assert!(crate::kernels::SOURCE.contains("#define MMQ_XS 288"));

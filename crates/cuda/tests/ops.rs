@@ -3391,7 +3391,7 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 );
                 // The int8 tensor-core kernel (`moe_gemm`'s path where k % 256 == 0): sorted
                 // row r against the CPU dequantization of its expert times its x row quantized
-                // per 32 values, in f64. Experts: this matrix, another one, none (zeros); x rows
+                // as the kernel takes it (Q8_0 per 32 values, Q4_K by q8u), in f64. Experts: this matrix, another one, none (zeros); x rows
                 // gathered (pair / 2) and, at 7 tokens, given in sorted order.
                 if gpu.moe_mmq_fits(k) {
                     let qm2 = QMatrix::quantize_from_f32(ggml, rows, k, &rng.vec(rows * k, 0.05))

@@ -1,25 +1,29 @@
 //! Kernel lab: products over GGUF weights kept compressed (Q8_0, Q4_K; `kernels/qgemv.cu`)
 //! against the same products over bf16 weights.
 //!
-//! 1. Products with M = 1, 2, 4, 8, 16, 64 rows of x: at M = 1 every int8 GEMV variant (x
-//!    quantized per 32 values in the kernel, dp4a), then at every M the executor's call
-//!    (`qgemm`: the GEMV up to 4 rows, the tensor-core kernel dequantizing tiles in shared
-//!    memory up to 64), against cuBLAS bf16 with m = M (`Gemm::plain`) and, at M = 1, the
+//! 1. Products with M = 1, 2, 4, 8, 16, 64 rows of x (`--m`): at M = 1 every int8 GEMV variant
+//!    (x quantized per 32 values in the kernel, dp4a), at M > 1 each path on its own (the int8
+//!    tensor-core kernel `qgemm_mmq`, the bf16 one `qgemm_tc`, the GEMV), then at every M the
+//!    executor's call (`qgemm`, `QPath::choose`), against cuBLAS bf16 with m = M
+//!    (`Gemm::plain`) and, at M = 1, the
 //!    in-house bf16 warp GEMV (`moe_gemv`). Shapes: DeepSeek-V2-Lite's q_proj, o_proj and MLP
 //!    (gate_up 21888 x 2048, down 2048 x 10944) and V3's MLP (18432 x 7168, 7168 x 18432).
 //!    Figure of merit: bytes moved (W as stored + x bf16 + out f32) over time, against the
 //!    H200's measured copy ceiling (3,970 GB/s); the target is the quantized kernels within
 //!    10% of the bf16 kernels' bandwidth.
 //! 2. Grouped expert GEMM (V2-Lite experts: 64 x gate_up [2816, 2048], top-6) at 16, 64 and
-//!    512 tokens, bf16 against the quantized variants (tiles dequantized in shared memory).
+//!    512 tokens (`--grouped`), bf16 against the quantized variants (tiles dequantized in
+//!    shared memory, and the int8 tensor-core kernel).
 //!
 //! Weights are random (valid f16 scales, random quants), and each launch uses the next of
 //! several copies of W (>= 2 GiB together) so L2 (50 MB) cannot serve them. Timing: CUDA
 //! events (`CU_EVENT_DEFAULT`) around batches of back-to-back launches, median of 15 batches
 //! after 3 warm-ups. Before timing, every GEMV variant is checked on a poisoned output: 64
 //! sampled rows against the CPU dequantizer times the quantized x in f64 (bound 1e-4
-//! relative), and `qgemm` at M > 1 against the exact product (bound 1e-2: bf16 weights or
-//! int8 x); a failing one is reported and not timed. Results: bench/cuda/qgemv.md.
+//! relative), each path at M > 1 likewise against x as it quantizes it (the int8 kernels:
+//! per 32 values, Q4_K's tensor-core kernel q8u; bound 1e-4) or x itself (`qgemm_tc`: 1e-2),
+//! and `qgemm` against the exact product (bound 1e-2, printed); a failing one is reported and
+//! not timed. Results: bench/cuda/qgemv.md.
 //!
 //! ```text
 //! cargo run --release -p mlaserve-cuda --example qgemv -- [--json out.json] [--shape i,j] [--m 1,2,4] [--grouped]
@@ -32,7 +36,7 @@ use common::{random_bf16, xorshift_bytes};
 use mlaserve_backend::{Bytes, GgmlType, QMatrix};
 use mlaserve_cuda::ops::{Gemm, GemmType};
 use mlaserve_cuda::qgemv::{QMat, QType, QmvVariant};
-use mlaserve_cuda::qmmq::x_q8u;
+use mlaserve_cuda::qmmq::{q8u_host, x_q8u};
 use mlaserve_cuda::{DBuf, Gpu};
 use rayon::prelude::*;
 
@@ -122,27 +126,12 @@ fn quantized_x(x: &[f32]) -> Vec<f32> {
 }
 
 /// x [m, k] (k % 256 == 0) quantized and dequantized again as the int8 tensor-core kernel
-/// takes it against Q4_K (`qmmq::x_q8u`): D = amax / 1016 a 256-value chunk, u = min(8,
-/// ceil(amax / (127 D))) a 32-value sub-block, q = round(x / (D u)) within ±127.
+/// takes it against Q4_K (`qmmq::x_q8u`, the host rule `q8u_host`).
 fn quantized_x_q8u(x: &[f32]) -> Vec<f32> {
-    let amax = |b: &[f32]| b.iter().fold(0f32, |a, &v| a.max(v.abs()));
-    let mut out = vec![0f32; x.len()];
-    for (chunk, oc) in x.chunks(256).zip(out.chunks_mut(256)) {
-        let d = amax(chunk) / 1016.0;
-        for (blk, o) in chunk.chunks(32).zip(oc.chunks_mut(32)) {
-            let u = if d > 0.0 {
-                ((amax(blk) / (127.0 * d)).ceil()).clamp(1.0, 8.0)
-            } else {
-                1.0
-            };
-            let step = d * u;
-            let id = if step > 0.0 { 1.0 / step } else { 0.0 };
-            for (v, o) in blk.iter().zip(o) {
-                *o = ((v * id).round().clamp(-127.0, 127.0) as f64 * u as f64 * d as f64) as f32;
-            }
-        }
-    }
-    out
+    let (q, u, d) = q8u_host(x);
+    (q.iter().enumerate())
+        .map(|(i, &q)| (q as f64 * u[i / 32] as f64 * d[i / 256] as f64) as f32)
+        .collect()
 }
 
 /// max over `sample` rows of |gpu - ref| / max |ref|, ref = CPU dequantized W times x in f64;

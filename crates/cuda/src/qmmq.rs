@@ -229,6 +229,33 @@ fn forced_splits() -> Option<usize> {
     *N.get_or_init(|| std::env::var("MLASERVE_QMMQ_SPLITS").ok()?.parse().ok())
 }
 
+/// x (length % 256 == 0) quantized on the host by the q8u rule of [`x_q8u`] (`q8u_sub`), in the
+/// same f32 operations (the op table checks the kernel bit for bit against it): per 256-value
+/// chunk D = amax / 1016, per 32-value sub-block u = min(8, ceil(amax / (127 D))) (1 where
+/// D == 0), q = round(x / (D u)) within ±127. Returns (q, u a sub-block, D a chunk).
+pub fn q8u_host(x: &[f32]) -> (Vec<i8>, Vec<i32>, Vec<f32>) {
+    let amax = |b: &[f32]| b.iter().fold(0f32, |a, &v| a.max(v.abs()));
+    let (mut q, mut u, mut dd) = (vec![0i8; x.len()], Vec::new(), Vec::new());
+    for (c, chunk) in x.chunks(256).enumerate() {
+        let d = amax(chunk) / 1016.0;
+        dd.push(d);
+        for (s, blk) in chunk.chunks(32).enumerate() {
+            let us = if d > 0.0 {
+                ((amax(blk) / (127.0 * d)).ceil() as i32).clamp(1, 8)
+            } else {
+                1
+            };
+            u.push(us);
+            let step = d * us as f32;
+            let id = if step > 0.0 { 1.0 / step } else { 0.0 };
+            for (j, &v) in blk.iter().enumerate() {
+                q[c * 256 + s * 32 + j] = ((v * id).round() as i32).clamp(-127, 127) as i8;
+            }
+        }
+    }
+    (q, u, dd)
+}
+
 /// `MLASERVE_QMMQ` (comparisons, read once), for every type and size: exactly `0`: never
 /// (dense or grouped); `all`: from 2 rows; a number n in 2 ..= 9: from n rows (the GEMV takes
 /// at most 8, so from 9 on the kernel has everything past the GEMV anyway). Anything else
@@ -311,5 +338,48 @@ mod tests {
         assert!(crate::kernels::SOURCE.contains("#define MMQ_STAGES 3"));
         assert!(crate::kernels::SOURCE.contains(&format!("#define MMQ_THREADS {MMQ_THREADS}")));
         assert_eq!(smem(8), 3 * (64 * 288 + 64 * 64));
+    }
+
+    #[test]
+    fn q8u_host_keeps_each_sub_block_step_small() {
+        // every value within half a step of x (the step its sub-block's D u), u the
+        // smallest factor that keeps |q| <= 127, the chunk's largest sub-block at u = 8;
+        // a zero chunk all zeros at u = 1
+        let mut x: Vec<f32> = (0..512)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01)
+            .collect();
+        x[300] = 9.0; // an outlier: the other sub-blocks of chunk 1 keep small steps
+        x[..256]
+            .iter_mut()
+            .skip(64)
+            .take(32)
+            .for_each(|v| *v *= 1e-3);
+        let (q, u, d) = q8u_host(&x);
+        for (i, &v) in x.iter().enumerate() {
+            let step = d[i / 256] * u[i / 32] as f32;
+            let back = q[i] as f32 * step;
+            assert!(
+                (back - v).abs() <= 0.5 * step * (1.0 + 1e-5),
+                "{i}: {v} vs {back}"
+            );
+        }
+        for (b, blk) in x.chunks(32).enumerate() {
+            let amax = blk.iter().fold(0f32, |a, &v| a.max(v.abs()));
+            let smaller = 127.0 * d[b / 8] * (u[b] - 1) as f32;
+            assert!(
+                u[b] == 1 || amax > smaller,
+                "sub-block {b}: u {} not the smallest",
+                u[b]
+            );
+        }
+        assert_eq!(u[300 / 32], 8);
+        assert!(u.iter().all(|&u| (1..=8).contains(&u)));
+        assert!(u[8..].contains(&1), "{u:?}");
+        assert_eq!(
+            u[2], 1,
+            "a sub-block 1000x smaller than its chunk: the smallest step"
+        );
+        let (q0, u0, d0) = q8u_host(&[0.0; 256]);
+        assert!(q0.iter().all(|&q| q == 0) && u0.iter().all(|&u| u == 1) && d0 == [0.0]);
     }
 }

@@ -2858,38 +2858,12 @@ fn q8_host(x: &[f32]) -> (Vec<i8>, Vec<f32>) {
     (q, d)
 }
 
-/// x (length % 256 == 0) quantized by the Q4_K int8 tensor-core kernels' rule
-/// (`qmmq::x_q8u`, `q8u_sub`), in the same f32 operations: per 256-value chunk
-/// D = amax / 1016, per 32-value sub-block u = min(8, ceil(amax / (127 D))) (1 where D == 0),
-/// q = round(x / (D u)) within ±127. Returns (q, u a sub-block, D a chunk).
-fn q8u_host(x: &[f32]) -> (Vec<i8>, Vec<i32>, Vec<f32>) {
-    let amax = |b: &[f32]| b.iter().fold(0f32, |a, &v| a.max(v.abs()));
-    let (mut q, mut u, mut dd) = (vec![0i8; x.len()], Vec::new(), Vec::new());
-    for (c, chunk) in x.chunks(256).enumerate() {
-        let d = amax(chunk) / 1016.0;
-        dd.push(d);
-        for (s, blk) in chunk.chunks(32).enumerate() {
-            let us = if d > 0.0 {
-                ((amax(blk) / (127.0 * d)).ceil() as i32).clamp(1, 8)
-            } else {
-                1
-            };
-            u.push(us);
-            let step = d * us as f32;
-            let id = if step > 0.0 { 1.0 / step } else { 0.0 };
-            for (j, &v) in blk.iter().enumerate() {
-                q[c * 256 + s * 32 + j] = ((v * id).round() as i32).clamp(-127, 127) as i8;
-            }
-        }
-    }
-    (q, u, dd)
-}
-
 /// x [m, k] as [`Gpu::quantize_mmq_x`] lays it out for `ty`, from the host rules: xq
 /// [k / 256][mp][256] and the float pairs of xds [k / 256][8][mp] as bits (Q8_0: (d,
 /// d * sum(q)); Q4_K: (u, the int16 pair (u bsum) of sub-blocks s, s + 1) for even s, (u, D)
 /// for odd s), rows m .. mp zero (Q4_K: u = 1).
 fn mmq_x_host(x: &[f32], m: usize, mp: usize, k: usize, q4k: bool) -> (Vec<i8>, Vec<u32>) {
+    use mlaserve_cuda::qmmq::q8u_host;
     let chunks = k / 256;
     let (mut xq, mut xds) = (
         vec![0i8; chunks * mp * 256],
@@ -2970,7 +2944,7 @@ fn mmq_x_host(x: &[f32], m: usize, mp: usize, k: usize, q4k: bool) -> (Vec<i8>, 
 fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     use mlaserve_backend::QMatrix;
     use mlaserve_cuda::qgemv::{PairCombine, QPath, QType, QmvVariant};
-    use mlaserve_cuda::qmmq::x_q8u;
+    use mlaserve_cuda::qmmq::{q8u_host, x_q8u};
     use rayon::prelude::*;
     // (type, rows, k, sweep every variant)
     let cases = [

@@ -178,6 +178,10 @@ fn main() -> Res<()> {
         ("V3 down, Q4_K's bytes", 7168, 5120),
         // as many bf16 bytes as V2-Lite gate_up holds in Q4_K (25.17 against 25.21 MB)
         ("V2-Lite gate_up, Q4_K's bytes", 6144, 2048),
+        // V3's shared expert gate|up and q_a: few row blocks, long K (how the int8 kernel's
+        // split along K deals them)
+        ("V3 shared gate|up", 4096, 7168),
+        ("V3 q_a", 1536, 7168),
     ];
     let ms: Vec<usize> = match arg("--m") {
         Some(list) => list
@@ -490,7 +494,11 @@ fn main() -> Res<()> {
                         let us = time_step(&gpu, &|i| f(&qs[i % nq], out.ptr()), nq.max(16))?;
                         let gbs = bytes / us * 1e-3;
                         let ratio = gbs / bf16_gbs[&m];
-                        println!("M{m} {ty:?} {label:<10} {us:8.1} µs {gbs:6.0} GB/s ({ratio:5.3} x bf16 cuBLAS) err {err:.1e}");
+                        let split = match *label {
+                            "qgemm_mmq" => format!(" {} splits", gpu.qgemm_mmq_splits(&qs[0], m)?),
+                            _ => String::new(),
+                        };
+                        println!("M{m} {ty:?} {label:<10} {us:8.1} µs {gbs:6.0} GB/s ({ratio:5.3} x bf16 cuBLAS) err {err:.1e}{split}");
                         rows_json.push(serde_json::json!({"shape": name, "rows": rows, "k": k, "m": m, "kernel": format!("{ty:?} {label}"), "us_median": us, "gb_s": gbs, "bytes": bytes, "rel_err": err, "vs_bf16_cublas": ratio}));
                     }
                 }

@@ -657,7 +657,7 @@ impl Gpu {
         };
         if w3_allowed() {
             let warps = |v: QmvVariant| -> Result<usize> {
-                Ok(8 * self.resident_ctas(&v.kernel(w.ty), v.smem(w.cols))?)
+                Ok(8 * self.resident_ctas(&v.kernel(w.ty), 256, v.smem(w.cols))?)
             };
             if w3_evener(w.rows.div_ceil(2), warps(v)?, warps(three)?) {
                 v = three;
@@ -789,7 +789,7 @@ impl Gpu {
 
     /// [`even_grid`] for `w` on kernel `v` (the lab's even-grid runs).
     pub fn qmv_even_grid(&self, w: &QMat, v: QmvVariant) -> Result<usize> {
-        let res = self.resident_ctas(&v.kernel(w.ty), v.smem(w.cols))?;
+        let res = self.resident_ctas(&v.kernel(w.ty), 256, v.smem(w.cols))?;
         Ok(even_grid(w.rows.div_ceil(v.r), res))
     }
 
@@ -833,7 +833,7 @@ impl Gpu {
         }
         let grid = v
             .blocks(w.rows)
-            .min(self.resident_ctas(name, smem)?)
+            .min(self.resident_ctas(name, 256, smem)?)
             .min(grid_cap.unwrap_or(usize::MAX))
             .max(1);
         let cfg = LaunchConfig {
@@ -860,15 +860,15 @@ impl Gpu {
         Ok(())
     }
 
-    /// CTAs of 256 threads of kernel `name` with `smem` bytes of dynamic shared memory
+    /// CTAs of `threads` threads of kernel `name` with `smem` bytes of dynamic shared memory
     /// resident on the whole GPU at once (cached).
-    fn resident_ctas(&self, name: &str, smem: usize) -> Result<usize> {
+    pub(crate) fn resident_ctas(&self, name: &str, threads: usize, smem: usize) -> Result<usize> {
         use std::collections::HashMap;
         use std::sync::{Mutex, OnceLock};
-        type Key = (usize, String, usize);
+        type Key = (usize, String, usize, usize);
         static CACHE: OnceLock<Mutex<HashMap<Key, usize>>> = OnceLock::new();
         let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-        let key = (self.ordinal, name.to_string(), smem);
+        let key = (self.ordinal, name.to_string(), threads, smem);
         if let Some(&n) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(n);
         }
@@ -881,7 +881,7 @@ impl Gpu {
         }
         let per_sm = self
             .func(name)?
-            .occupancy_max_active_blocks_per_multiprocessor(256, smem, None)
+            .occupancy_max_active_blocks_per_multiprocessor(threads as u32, smem, None)
             .map_err(|e| CudaError::driver(format!("occupancy of {name}"), e))?;
         let n = (per_sm.max(1) as usize) * self.sm_count.max(1);
         cache
@@ -971,7 +971,7 @@ impl Gpu {
         // Persistent over row groups, the pairs side by side.
         let grid = v
             .blocks(rows)
-            .min(self.resident_ctas(&name, smem)?.div_ceil(pairs))
+            .min(self.resident_ctas(&name, 256, smem)?.div_ceil(pairs))
             .max(1);
         let cfg = LaunchConfig {
             grid_dim: (grid as u32, pairs as u32, 1),

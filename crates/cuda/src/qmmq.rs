@@ -77,7 +77,7 @@ impl Gpu {
 
     /// out[M, rows] (+)= x[M, cols] . W^T, x bf16 [M, cols], out f32 [M, rows]: x quantized
     /// (per [`x_q8u`]) by `q8_quantize_mmq` into the step's arena, then the
-    /// int8 tensor-core kernel (split along K where its row blocks are fewer than two an SM).
+    /// int8 tensor-core kernel, split along K by [`mmq_splits`].
     pub fn qgemm_mmq(&self, w: &QMat, m: usize, x: u64, out: u64, accumulate: bool) -> Result<()> {
         if !self.mmq_fits(w, m) {
             return Err(CudaError::Invalid(format!(
@@ -87,7 +87,6 @@ impl Gpu {
             )));
         }
         let nt = tiles(m);
-        let chunks = w.cols / 256;
         let (xq, xds) = self.quantize_mmq_x(x, m, w.cols, w.ty)?;
         let (m32, k32, n32) = (m as i32, w.cols as i32, w.rows as i32);
         let (xqp, xdp) = (xq.ptr(), xds.ptr());
@@ -95,12 +94,7 @@ impl Gpu {
         let bytes = smem(nt);
         self.raise_smem(name, bytes)?;
         let nblk = w.rows.div_ceil(64);
-        // Split along K only where the row blocks give fewer than two an SM (the partial sums
-        // cost a write and a read of splits * m * rows floats).
-        let splits = forced_splits()
-            .unwrap_or_else(|| (2 * self.sm_count).div_ceil(nblk))
-            .min(chunks)
-            .clamp(1, 16);
+        let splits = self.qgemm_mmq_splits(w, m)?;
         let cfg = LaunchConfig {
             grid_dim: (nblk as u32, splits as u32, 1),
             block_dim: (MMQ_THREADS, 1, 1),
@@ -125,6 +119,38 @@ impl Gpu {
 }
 
 impl Gpu {
+    /// The splits along K [`Gpu::qgemm_mmq`] takes for `m` rows of x against `w`
+    /// ([`mmq_splits`], or `MLASERVE_QMMQ_SPLITS`).
+    pub fn qgemm_mmq_splits(&self, w: &QMat, m: usize) -> Result<usize> {
+        let (nt, chunks) = (tiles(m), w.cols / 256);
+        if let Some(n) = forced_splits() {
+            return Ok(n.min(chunks).clamp(1, 16));
+        }
+        let per_sm = self.mmq_per_sm(kernel(w.ty, nt), smem(nt))?;
+        let nblk = w.rows.div_ceil(64);
+        Ok(mmq_splits(w.ty, nt, nblk, chunks, self.sm_count, per_sm))
+    }
+
+    /// Blocks of kernel `name` resident an SM (the occupancy API, once a device and kernel:
+    /// this runs on every launch's host path).
+    fn mmq_per_sm(&self, name: &'static str, bytes: usize) -> Result<usize> {
+        use std::collections::HashMap;
+        use std::sync::{Mutex, OnceLock};
+        static CACHE: OnceLock<Mutex<HashMap<(usize, &'static str), usize>>> = OnceLock::new();
+        let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+        let key = (self.ordinal, name);
+        if let Some(&n) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(n);
+        }
+        self.raise_smem(name, bytes)?;
+        let n = self.resident_ctas(name, MMQ_THREADS as usize, bytes)? / self.sm_count.max(1);
+        cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, n);
+        Ok(n)
+    }
+
     /// x bf16 [m, k] (m 1 ..= [`QMMQ_MAX_M`], k % 256 == 0) quantized as [`Gpu::qgemm_mmq`]
     /// takes it against `ty` ([`x_q8u`]), in its chunk order: xq [k / 256][mp][256] int8 and
     /// xds [k / 256][8][mp] float pairs, mp = 8 * tiles(m), rows m .. mp zero.
@@ -222,6 +248,65 @@ pub fn x_q8u(ty: QType) -> i32 {
     (ty == QType::Q4K) as i32
 }
 
+/// Blocks of saturating work an SM (the split model's concurrency; session 26, run 2).
+const SPLIT_SAT_BLOCKS: usize = 4;
+/// A block's fixed cost (its ring's fill, its partial sums), in chunks of K.
+const SPLIT_BLOCK_CHUNKS: usize = 3;
+/// Fewest chunks a split under the model, and fewest chunks of K the model is used for.
+const SPLIT_MIN_CHUNKS: usize = 6;
+const SPLIT_MODEL_CHUNKS: usize = 16;
+
+/// The splits along K of a dense launch of `nblk` row blocks (64 rows) over `chunks` chunks of
+/// 256 values, `per_sm` of its blocks resident an SM (the occupancy API), `sms` SMs.
+///
+/// Long K (16+ chunks) over half a block an SM or more, but Q8_0 up to 16 rows: the split, of
+/// 6+ chunks each, whose busiest SM finishes first. That SM holds b = ceil(nblk * s / sms)
+/// blocks of chunks / s + 3 chunks each (a block's ring fill and partial sums), run `per_sm` at
+/// a time, a round of c blocks taking c / min(c, 4) block times (4 blocks of 128 threads
+/// saturate an SM; fewer leave latency exposed), each split beyond the first 1% more. Fitted
+/// to the lab's sweeps of 1-6 splits (`bench/cuda/qgemv.md`, session 26, runs 2-3), it picks
+/// the fastest measured split or one within 5% of it on V3's MLP matrices: gate/up [18432 x
+/// 7168] Q4_K 2 splits at 2-8 rows (33.1 -> 31.3 µs at 8), 3 at 16 (42.2 -> 37.7), 4 at 32
+/// (65.5 -> 54.8), Q8_0 4 at 32-64 (78.8 -> 67.9 at 32); down [7168 x 18432] Q4_K 4 at 2-16
+/// rows (32.8 -> 31.0 at 8).
+///
+/// Everything else (short K, where a split's ring fill and partials weigh: V2-Lite gate_up's 8
+/// chunks in 2 splits 13.5 -> 16.6 µs at 8 rows; small grids, whose time is the launch's
+/// latency; Q8_0 up to 16 rows, at 0.85-0.92 of bf16's bytes a second unsplit and slower with
+/// each split beyond this rule's): two blocks an SM where the row blocks are fewer, but no more
+/// than fit at once (V2-Lite q_proj at 64 rows: 5 splits of its 48 row blocks, one wave at 2
+/// blocks an SM, 12.7 µs against 14.3 at 6).
+pub(crate) fn mmq_splits(
+    ty: QType,
+    nt: usize,
+    nblk: usize,
+    chunks: usize,
+    sms: usize,
+    per_sm: usize,
+) -> usize {
+    let (sms, per_sm, nblk) = (sms.max(1), per_sm.max(1), nblk.max(1));
+    let model = chunks >= SPLIT_MODEL_CHUNKS && 2 * nblk >= sms && !(ty == QType::Q8_0 && nt <= 2);
+    if !model {
+        let fill = (2 * sms).div_ceil(nblk).min((per_sm * sms / nblk).max(1));
+        return fill.min(chunks).clamp(1, 16);
+    }
+    // the busiest SM's time, in hundredths of a chunk
+    let cost = |s: usize| {
+        let mut b = (nblk * s).div_ceil(sms);
+        let w = 100 * chunks / s + 100 * SPLIT_BLOCK_CHUNKS;
+        let mut t = 0;
+        while b > 0 {
+            let c = b.min(per_sm);
+            t += w * c / c.min(SPLIT_SAT_BLOCKS);
+            b -= c;
+        }
+        t * (100 + s - 1) / 100
+    };
+    (1..=(chunks / SPLIT_MIN_CHUNKS).clamp(1, 16))
+        .min_by_key(|&s| (cost(s), s))
+        .unwrap_or(1)
+}
+
 /// `MLASERVE_QMMQ_SPLITS=n` (lab, read once): dense launches split along K n ways (at most
 /// the chunks, 16), not by the rule.
 fn forced_splits() -> Option<usize> {
@@ -305,6 +390,57 @@ pub const QMMQ_Q4K_EARLY_M: usize = 3;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn splits_are_the_sweeps_fastest() {
+        // run 2 of session 26 (132 SMs; blocks an SM: Q4_K n1 5, Q8_0 n1 4, n2 4, n4 3): the
+        // fastest measured split of 1, 2, 3, 4, 6 (µs at 8 / 16 / 32 rows in the comments)
+        let s = |ty, nt, rows: usize, k: usize, per_sm| {
+            mmq_splits(ty, nt, rows.div_ceil(64), k / 256, 132, per_sm)
+        };
+        let (q4, q8) = (QType::Q4K, QType::Q8_0);
+        // V3 gate/up: Q4_K 2 (31.0 against 33.2 unsplit), 3 (37.5 / 42.1), 4 (54.9 / 65.4)
+        assert_eq!(s(q4, 1, 18432, 7168, 5), 2);
+        assert_eq!(s(q4, 2, 18432, 7168, 4), 3);
+        assert_eq!(s(q4, 4, 18432, 7168, 3), 4);
+        // Q8_0 unsplit up to 16 rows (44.9 / 51.6; 2 splits 54.3 / 57.5), 4 at 32 (67.5 / 78.2)
+        assert_eq!(s(q8, 1, 18432, 7168, 4), 1);
+        assert_eq!(s(q8, 2, 18432, 7168, 4), 1);
+        assert_eq!(s(q8, 4, 18432, 7168, 3), 4);
+        // V3 down: Q4_K 4 at 8 and 16 rows (30.5 / 39.8 against 32.8 / 40.3 at 3), Q8_0 3
+        assert_eq!(s(q4, 1, 7168, 18432, 5), 4);
+        assert_eq!(s(q4, 2, 7168, 18432, 4), 4);
+        assert_eq!(s(q8, 1, 7168, 18432, 4), 3);
+        // V2-Lite gate_up (8 chunks): unsplit at every size (2 splits 16.6 against 13.5)
+        for nt in [1, 2, 4] {
+            assert_eq!(s(q4, nt, 21888, 2048, if nt == 1 { 5 } else { 4 }), 1);
+        }
+        // (run 3) at 64 rows too: V2-Lite gate_up unsplit (2 splits 45.6 against 39.4), V3 gate/up
+        // Q4_K 3 (102.7 against 121.4 unsplit; 4: 99.0), Q8_0 4 (111.9 against 130.6)
+        assert_eq!(s(q4, 8, 21888, 2048, 2), 1);
+        assert_eq!(s(q4, 8, 18432, 7168, 2), 3);
+        assert_eq!(s(q8, 8, 18432, 7168, 3), 4);
+        // small grids: two blocks an SM, no more than fit at once — V3 shared gate|up 5 (8
+        // splits 12.8 against 12.1 at 8 rows), 4 at 64 rows (2 blocks an SM: 27.1 against
+        // 33.0 at 5); V2-Lite o_proj 8 (its chunks); V2-Lite q_proj 6, 5 at 64 rows
+        assert_eq!(s(q4, 1, 4096, 7168, 5), 5);
+        assert_eq!(s(q4, 8, 4096, 7168, 2), 4);
+        assert_eq!(s(q4, 1, 2048, 2048, 5), 8);
+        assert_eq!(s(q4, 1, 3072, 2048, 5), 6);
+        assert_eq!(s(q4, 8, 3072, 2048, 2), 5);
+        // V2-Lite's shared experts' gate|up (88 row blocks, 8 chunks): 3, as before
+        assert_eq!(s(q4, 1, 5632, 2048, 5), 3);
+        // never more splits than chunks or 16, at least 1
+        assert_eq!(s(q4, 1, 64, 512, 5), 2);
+        assert_eq!(s(q4, 1, 64, 256 * 40, 5), 16);
+        for (rows, chunks) in [(9000, 200), (64, 1), (130_000, 28), (576, 7), (18432, 12)] {
+            for (ty, nt) in [(q4, 1), (q4, 8), (q8, 2), (q8, 4)] {
+                let n = s(ty, nt, rows, 256 * chunks, 3);
+                assert!((1..=chunks.min(16)).contains(&n), "{rows} x {chunks}: {n}");
+            }
+        }
+        assert_eq!(mmq_splits(q8, 8, 0, 0, 0, 0), 1);
+    }
 
     #[test]
     fn every_kernel_is_loaded_and_tiles_cover_m() {

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Session 26, run 3: the split rule fitted to run 2 (`mmq_splits`: the busiest SM's rounds of
+# resident blocks) against 9fa5b90's rule (_old binaries): the quantized op family, e2e and
+# graphs on the new rule; the lab at 2-64 rows on q_proj, o_proj, V2 gate_up, V3 gate/up and
+# down (old and new, two rounds), V3's shared gate|up and q_a (new shapes: the new rule against
+# the old rule's 5 and 11 splits forced); 64 rows on V3 gate/up and down at 1-6 splits forced;
+# the Q4_K V2-Lite model's replays at 3-64 rows, old and new.
+# On the build machine: cp target/release/examples/{qgemv,decode_profile} /tmp/old26 (before
+# the change); cargo build ... && LABS=1 OLD_QGEMV=/tmp/old26/qgemv
+#   OLD_PROFILE=/tmp/old26/decode_profile tools/device/pack.sh; cp this .device/next.sh
+set -u
+mkdir -p .device/bin && tar -xJf .device/pkg/bins.tar.xz -C .device/bin
+[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+B=$PWD/.device/bin; export MLASERVE_KERNEL_CACHE=/tmp/kc; L=$OUT/rule.txt
+S=$(date +%s); el() { echo "$(( $(date +%s) - S ))s"; }
+{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; date -u; } >> $L
+timeout 200 $B/synth_model v2-lite /tmp/v2-q4k.gguf --type q4_k > /dev/null 2>&1 &
+MLASERVE_OPS=quantized timeout 150 $B/ops --test-threads=1 --nocapture > $OUT/ops.txt 2>&1
+echo "ops quantized rc=$? $(el)" >> $L
+grep -iE "fail|test result" $OUT/ops.txt | head -5 >> $L
+timeout 100 $B/e2e --test-threads=2 > $OUT/e2e.txt 2>&1; echo "e2e rc=$? $(el)" >> $L
+timeout 60 $B/graphs --test-threads=1 >> $OUT/e2e.txt 2>&1; echo "graphs rc=$? $(el)" >> $L
+lab() { grep -E "^==|qgemm_mmq" | grep -v '^|' >> $L; }
+for r in 1 2; do for v in "" _old; do
+  echo "== lab$v round $r: $(el)" >> $L
+  timeout 120 $B/qgemv$v --shape 0,1,2,4,5 --m 2,4,8,16,32,64 2>&1 | lab
+done; done
+for r in 1 2; do
+  echo "== new shapes, rule, round $r: $(el)" >> $L
+  timeout 60 $B/qgemv --shape 8,9 --m 2,4,8,16,32,64 2>&1 | lab
+  echo "== new shapes, old rule's splits forced, round $r: $(el)" >> $L
+  MLASERVE_QMMQ_SPLITS=5 timeout 60 $B/qgemv --shape 8 --m 2,4,8,16,32,64 2>&1 | lab
+  MLASERVE_QMMQ_SPLITS=11 timeout 60 $B/qgemv --shape 9 --m 2,4,8,16,32,64 2>&1 | lab
+done
+for s in 1 2 3 4 6; do
+  echo "== M64 splits $s: $(el)" >> $L
+  MLASERVE_QMMQ_SPLITS=$s timeout 60 $B/qgemv --shape 4,5 --m 64 2>&1 | lab
+done
+wait
+for b in 3 4 8 16 64; do for v in "" _old; do
+  echo "== q4k b$b$v: $(el)" >> $L
+  timeout 60 $B/decode_profile$v /tmp/v2-q4k.gguf --batch $b --replays 100 2>&1 | grep -E "median|rror" >> $L
+done; done
+echo "end $(el)" >> $L
+cat $L

@@ -77,7 +77,7 @@ impl Gpu {
 
     /// out[M, rows] (+)= x[M, cols] . W^T, x bf16 [M, cols], out f32 [M, rows]: x quantized
     /// (per [`x_q8u`]) by `q8_quantize_mmq` into the step's arena, then the
-    /// int8 tensor-core kernel, split along K by [`mmq_splits`].
+    /// int8 tensor-core kernel, split along K by `qmmq::mmq_splits`.
     pub fn qgemm_mmq(&self, w: &QMat, m: usize, x: u64, out: u64, accumulate: bool) -> Result<()> {
         if !self.mmq_fits(w, m) {
             return Err(CudaError::Invalid(format!(
@@ -120,7 +120,7 @@ impl Gpu {
 
 impl Gpu {
     /// The splits along K [`Gpu::qgemm_mmq`] takes for `m` rows of x against `w`
-    /// ([`mmq_splits`], or `MLASERVE_QMMQ_SPLITS`).
+    /// (`qmmq::mmq_splits`, or `MLASERVE_QMMQ_SPLITS`).
     pub fn qgemm_mmq_splits(&self, w: &QMat, m: usize) -> Result<usize> {
         let (nt, chunks) = (tiles(m), w.cols / 256);
         if let Some(n) = forced_splits() {
@@ -252,8 +252,9 @@ pub fn x_q8u(ty: QType) -> i32 {
 const SPLIT_SAT_BLOCKS: usize = 4;
 /// A block's fixed cost (its ring's fill, its partial sums), in chunks of K.
 const SPLIT_BLOCK_CHUNKS: usize = 3;
-/// Fewest chunks a split under the model, and fewest chunks of K the model is used for.
+/// Fewest chunks a split under the model.
 const SPLIT_MIN_CHUNKS: usize = 6;
+/// Fewest chunks of K the model is used for (shorter K keeps the older rule).
 const SPLIT_MODEL_CHUNKS: usize = 16;
 
 /// The splits along K of a dense launch of `nblk` row blocks (64 rows) over `chunks` chunks of
@@ -264,18 +265,18 @@ const SPLIT_MODEL_CHUNKS: usize = 16;
 /// blocks of chunks / s + 3 chunks each (a block's ring fill and partial sums), run `per_sm` at
 /// a time, a round of c blocks taking c / min(c, 4) block times (4 blocks of 128 threads
 /// saturate an SM; fewer leave latency exposed), each split beyond the first 1% more. Fitted
-/// to the lab's sweeps of 1-6 splits (`bench/cuda/qgemv.md`, session 26, runs 2-3), it picks
-/// the fastest measured split or one within 5% of it on V3's MLP matrices: gate/up [18432 x
-/// 7168] Q4_K 2 splits at 2-8 rows (33.1 -> 31.3 µs at 8), 3 at 16 (42.2 -> 37.7), 4 at 32
-/// (65.5 -> 54.8), Q8_0 4 at 32-64 (78.8 -> 67.9 at 32); down [7168 x 18432] Q4_K 4 at 2-16
-/// rows (32.8 -> 31.0 at 8).
+/// to the lab's sweep of 1-6 splits (`bench/cuda/qgemv.md`, session 26: run 2, 64 rows in run
+/// 3), it picks the fastest measured split or one within 5% of it; against the older rule in
+/// the same run (run 5, µs): V3 gate/up [18432 x 7168] Q4_K 2 splits at 2-8 rows (33.4 -> 31.4
+/// at 8), 3 at 16 (42.4 -> 37.8), 4 at 32 (65.8 -> 55.1), Q8_0 4 at 32-64 (78.9 -> 67.9 at
+/// 32); V3 down [7168 x 18432] Q4_K 4 at 2-16 rows (32.9 -> 30.9 at 8).
 ///
 /// Everything else (short K, where a split's ring fill and partials weigh: V2-Lite gate_up's 8
-/// chunks in 2 splits 13.5 -> 16.6 µs at 8 rows; small grids, whose time is the launch's
+/// chunks in 2 splits 13.5 -> 16.7 µs at 8 rows; small grids, whose time is the launch's
 /// latency; Q8_0 up to 16 rows, at 0.85-0.92 of bf16's bytes a second unsplit and slower with
 /// each split beyond this rule's): two blocks an SM where the row blocks are fewer, but no more
 /// than fit at once (V2-Lite q_proj at 64 rows: 5 splits of its 48 row blocks, one wave at 2
-/// blocks an SM, 12.7 µs against 14.3 at 6).
+/// blocks an SM, 12.7 µs against 14.3 at 6, runs 3 and 5).
 pub(crate) fn mmq_splits(
     ty: QType,
     nt: usize,
@@ -393,8 +394,9 @@ mod tests {
 
     #[test]
     fn splits_are_the_sweeps_fastest() {
-        // run 2 of session 26 (132 SMs; blocks an SM: Q4_K n1 5, Q8_0 n1 4, n2 4, n4 3): the
-        // fastest measured split of 1, 2, 3, 4, 6 (µs at 8 / 16 / 32 rows in the comments)
+        // run 2 of session 26 (132 SMs; blocks an SM as ptxas' registers give them: Q4_K n1 5,
+        // n2 4, n4 3, n8 2; Q8_0 n1 4, n2 4, n4 3, n8 3): the fastest measured split of 1, 2, 3,
+        // 4, 6 (µs, qgemv.md's session 26 tables)
         let s = |ty, nt, rows: usize, k: usize, per_sm| {
             mmq_splits(ty, nt, rows.div_ceil(64), k / 256, 132, per_sm)
         };
@@ -403,25 +405,26 @@ mod tests {
         assert_eq!(s(q4, 1, 18432, 7168, 5), 2);
         assert_eq!(s(q4, 2, 18432, 7168, 4), 3);
         assert_eq!(s(q4, 4, 18432, 7168, 3), 4);
-        // Q8_0 unsplit up to 16 rows (44.9 / 51.6; 2 splits 54.3 / 57.5), 4 at 32 (67.5 / 78.2)
+        // Q8_0 unsplit up to 16 rows (45.0 at 8 rows; 2 splits 54.4), 4 at 32 (67.8 / 78.4)
         assert_eq!(s(q8, 1, 18432, 7168, 4), 1);
         assert_eq!(s(q8, 2, 18432, 7168, 4), 1);
         assert_eq!(s(q8, 4, 18432, 7168, 3), 4);
-        // V3 down: Q4_K 4 at 8 and 16 rows (30.5 / 39.8 against 32.8 / 40.3 at 3), Q8_0 3
+        // V3 down: Q4_K 4 at 8 and 16 rows (30.6 against 32.9 at 3, 8 rows), Q8_0 3 (42.9
+        // against 45.2 at 4)
         assert_eq!(s(q4, 1, 7168, 18432, 5), 4);
         assert_eq!(s(q4, 2, 7168, 18432, 4), 4);
         assert_eq!(s(q8, 1, 7168, 18432, 4), 3);
-        // V2-Lite gate_up (8 chunks): unsplit at every size (2 splits 16.6 against 13.5)
+        // V2-Lite gate_up (8 chunks): unsplit at every size (2 splits 16.7 against 13.5)
         for nt in [1, 2, 4] {
             assert_eq!(s(q4, nt, 21888, 2048, if nt == 1 { 5 } else { 4 }), 1);
         }
         // (run 3) at 64 rows too: V2-Lite gate_up unsplit (2 splits 45.6 against 39.4), V3 gate/up
-        // Q4_K 3 (102.7 against 121.4 unsplit; 4: 99.0), Q8_0 4 (111.9 against 130.6)
+        // Q4_K 3 (103.6 against 122.0 unsplit; 4: 99.0), Q8_0 4 (111.9 against 131.1)
         assert_eq!(s(q4, 8, 21888, 2048, 2), 1);
         assert_eq!(s(q4, 8, 18432, 7168, 2), 3);
         assert_eq!(s(q8, 8, 18432, 7168, 3), 4);
         // small grids: two blocks an SM, no more than fit at once — V3 shared gate|up 5 (8
-        // splits 12.8 against 12.1 at 8 rows), 4 at 64 rows (2 blocks an SM: 27.1 against
+        // splits 12.8 against 12.1 at 8 rows), 4 at 64 rows (2 blocks an SM: 26.9 against
         // 33.0 at 5); V2-Lite o_proj 8 (its chunks); V2-Lite q_proj 6, 5 at 64 rows
         assert_eq!(s(q4, 1, 4096, 7168, 5), 5);
         assert_eq!(s(q4, 8, 4096, 7168, 2), 4);

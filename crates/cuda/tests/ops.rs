@@ -2963,6 +2963,8 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         (QType::Q8_0, 72, 256, false),
         // 266 row blocks of 64: no split on 132 SMs, 8 chunks a block through the x ring
         (QType::Q4K, 17000, 2048, false),
+        // 66 row blocks, 16 chunks: the int8 kernel's split by the busiest-SM model (2 splits)
+        (QType::Q4K, 4224, 4096, false),
     ];
     for &(ty, rows, k, sweep) in &cases {
         let ggml = ty.ggml();
@@ -3169,9 +3171,10 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             rep.check("qgemm accumulate", shape(m), "q*i8>f32", err, 1e-4);
         }
         // The int8 tensor-core kernel (k % 256 == 0): 1 to 64 rows (every tile count, partial
-        // tiles, accumulate), over the quantized x, and the split along K on and off (below
-        // two row blocks an SM it splits: every case here on an H200 but the 17,000-row one,
-        // which walks 8 chunks a block, and those of one chunk).
+        // tiles, accumulate), over the quantized x, and the split along K on and off
+        // (`qmmq::mmq_splits` on an H200: the 4,224-row case 2 splits by the busiest-SM model;
+        // the other cases but the 17,000-row one, which walks 8 chunks a block unsplit, and
+        // those of one chunk split by the older rule, two blocks an SM).
         if gpu.has_flash_attn() && gpu.mmq_fits(&wd, 2) {
             for (m, acc) in [
                 (2usize, false),

@@ -237,14 +237,44 @@ __device__ __forceinline__ constexpr int mmq_stage_bytes() {
     return 8 * NT * MMQ_XS + 8 * 8 * NT * 8;
 }
 
+#ifdef MMQ_FUSE_X
+__device__ __forceinline__ float2 q8u_sub(const bf16* x, signed char* q, int s);
+
+// Lab (-DMMQ_FUSE_X, `MLASERVE_QMMQ_FUSE_X=1`): chunk c of x bf16 [m, k] quantized straight
+// into a stage by the block itself, in q8_quantize_mmq's layout and with its functions (the
+// same bits), a thread a 32-value sub-block (lanes 8i .. 8i + 7 the 8 of a row: q8u_sub's
+// shuffles); no quantize launch. Synchronous: meant for blocks of one or two chunks.
+template <int TY, int NT>
+__device__ __forceinline__ void mmq_stage_fx(unsigned char* dst, const bf16* x, int m, int k,
+                                             int c) {
+    constexpr int MP = 8 * NT;
+    float2* ds = (float2*)(dst + MP * MMQ_XS);
+    for (int i = threadIdx.x; i < MP * 8; i += MMQ_THREADS) {
+        const int t = i >> 3, s = i & 7;
+        const bf16* src = t < m ? x + (i64)t * k + c * 256 + s * 32 : nullptr;
+        signed char* dq = (signed char*)(dst + t * MMQ_XS + s * 32);
+        float2 o = make_float2(0.f, 0.f);
+        if constexpr (TY == QT_Q4_K) {
+            o = q8u_sub(src, dq, s);
+        } else if (src) {
+            q8_block(src, dq, o.x, o.y);
+        } else {
+            ((uint4*)dq)[0] = make_uint4(0u, 0u, 0u, 0u);
+            ((uint4*)dq)[1] = make_uint4(0u, 0u, 0u, 0u);
+        }
+        ds[s * MP + t] = o;
+    }
+}
+#endif
+
 // Dense: W's first chunk is requested before the wait on the previous grid (weights are
 // never written by a kernel); grouped launches (`waited`) have waited already (the routing's
 // sort names their matrix).
-template <int TY, int NT>
+template <int TY, int NT, bool FX = false>
 __device__ __forceinline__ void qmmq_body(const unsigned char* w, int rows, int k,
                                           const signed char* xq, const float2* xds, int m,
                                           float* out, int accumulate, bool waited, int split,
-                                          int splits) {
+                                          int splits, const bf16* xb = nullptr) {
     constexpr int MP = 8 * NT, STAGE = mmq_stage_bytes<NT>();
     extern __shared__ __align__(16) unsigned char mmq_smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
@@ -262,6 +292,12 @@ __device__ __forceinline__ void qmmq_body(const unsigned char* w, int rows, int 
     }
     auto stage = [&](int buf, int c) {
         unsigned char* dst = mmq_smem + buf * STAGE;
+#ifdef MMQ_FUSE_X
+        if constexpr (FX) {
+            mmq_stage_fx<TY, NT>(dst, xb, m, k, c);
+            return;
+        }
+#endif
         const unsigned char* src = (const unsigned char*)xq + (i64)c * MP * 256;
         // (MMQ_THREADS a block, known here: the copies unrolled, no loop a stage)
 #pragma unroll
@@ -324,6 +360,27 @@ QMMQ_ENTRY(qmmq_q8_0_n2, QT_Q8_0, 2)
 QMMQ_ENTRY(qmmq_q8_0_n4, QT_Q8_0, 4)
 QMMQ_ENTRY(qmmq_q8_0_n8, QT_Q8_0, 8)
 
+// Lab: 1-8 rows with x bf16, quantized by each block as it stages it (mmq_stage_fx).
+#ifdef MMQ_FUSE_X
+#define QMMQ_FX_ENTRY(NAME, TY)                                                                 \
+    extern "C" __global__ void MMQ_BOUNDS_1 NAME(const unsigned char* w, int rows, int k,       \
+                                                 const bf16* x, int m, float* out,              \
+                                                 int accumulate) {                              \
+        MLA_WEIGHTS_FIRST();                                                                    \
+        qmmq_body<TY, 1, true>(w, rows, k, nullptr, nullptr, m, out, accumulate, false,         \
+                               blockIdx.y, gridDim.y, x);                                       \
+    }
+#else
+#define QMMQ_FX_ENTRY(NAME, TY)                                                                 \
+    extern "C" __global__ void NAME(const unsigned char* w, int rows, int k, const bf16* x,     \
+                                    int m, float* out, int accumulate) {                        \
+        MLA_PDL();                                                                              \
+        __trap();                                                                               \
+    }
+#endif
+QMMQ_FX_ENTRY(qmmq_fx_q4_k_n1, QT_Q4_K)
+QMMQ_FX_ENTRY(qmmq_fx_q8_0_n1, QT_Q8_0)
+
 // Grouped expert GEMM: out[r, :n] = W_e[:n, :k] . x_q[r] for every sorted row r of held expert
 // e (moe_gemm's contract over x as quantized for the type): m-tile blockIdx.y of 8 NT rows, x
 // from q8_quantize_mmq_grouped (tile j's chunks at xq + j * k * 8 NT, xds + j * (k / 32) * 8 NT).
@@ -369,6 +426,14 @@ QMMQ_TRAP(qmmq_q8_0_n1)
 QMMQ_TRAP(qmmq_q8_0_n2)
 QMMQ_TRAP(qmmq_q8_0_n4)
 QMMQ_TRAP(qmmq_q8_0_n8)
+#define QMMQ_FX_TRAP(NAME)                                                                      \
+    extern "C" __global__ void NAME(const unsigned char* w, int rows, int k, const bf16* x,     \
+                                    int m, float* out, int accumulate) {                        \
+        MLA_PDL();                                                                              \
+        __trap();                                                                               \
+    }
+QMMQ_FX_TRAP(qmmq_fx_q4_k_n1)
+QMMQ_FX_TRAP(qmmq_fx_q8_0_n1)
 #define QMMQ_GROUPED_TRAP(NAME)                                                                 \
     extern "C" __global__ void NAME(const unsigned long long* w_ptrs, const int* offsets,       \
                                     const int* tile_off, int held, int n, int k,                \

@@ -86,6 +86,8 @@ pub const NAMES: &[&str] = &[
     "qmmq_q8_0_n4",
     "qmmq_q8_0_n8",
     "q8_quantize_mmq_grouped",
+    "qmmq_fx_q4_k_n1",
+    "qmmq_fx_q8_0_n1",
     "qmmq_grouped_q4_k_n2",
     "qmmq_grouped_q4_k_n8",
     "qmmq_grouped_q8_0_n2",

@@ -87,28 +87,43 @@ impl Gpu {
             )));
         }
         let nt = tiles(m);
-        let (xq, xds) = self.quantize_mmq_x(x, m, w.cols, w.ty)?;
         let (m32, k32, n32) = (m as i32, w.cols as i32, w.rows as i32);
-        let (xqp, xdp) = (xq.ptr(), xds.ptr());
-        let name = kernel(w.ty, nt);
-        let bytes = smem(nt);
-        self.raise_smem(name, bytes)?;
         let nblk = w.rows.div_ceil(64);
         let splits = self.qgemm_mmq_splits(w, m)?;
+        // lab: blocks of at most FUSE_X_CHUNKS chunks quantize x themselves (no quantize launch)
+        let fused = fuse_x() && nt == 1 && (w.cols / 256).div_ceil(splits) <= FUSE_X_CHUNKS;
+        let name = if fused {
+            fx_kernel(w.ty)
+        } else {
+            kernel(w.ty, nt)
+        };
+        let bytes = smem(nt);
+        self.raise_smem(name, bytes)?;
         let cfg = LaunchConfig {
             grid_dim: (nblk as u32, splits as u32, 1),
             block_dim: (MMQ_THREADS, 1, 1),
             shared_mem_bytes: bytes as u32,
         };
         let wp = w.w.ptr();
+        let quantized = if fused {
+            None
+        } else {
+            Some(self.quantize_mmq_x(x, m, w.cols, w.ty)?)
+        };
+        let launch = |o: u64, acc: i32| match &quantized {
+            None => self.launch(name, cfg, &args![wp, n32, k32, x, m32, o, acc]),
+            Some((xq, xds)) => {
+                let (xqp, xdp) = (xq.ptr(), xds.ptr());
+                self.launch(name, cfg, &args![wp, n32, k32, xqp, xdp, m32, o, acc])
+            }
+        };
         if splits == 1 {
-            let acc = accumulate as i32;
-            return self.launch(name, cfg, &args![wp, n32, k32, xqp, xdp, m32, out, acc]);
+            return launch(out, accumulate as i32);
         }
         let mn = m * w.rows;
         let part = self.alloc::<f32>(splits * mn)?;
-        let (pp, zero) = (part.ptr(), 0i32);
-        self.launch(name, cfg, &args![wp, n32, k32, xqp, xdp, m32, pp, zero])?;
+        let pp = part.ptr();
+        launch(pp, 0)?;
         let (sp, mn64, acc) = (splits as i32, mn as i64, accumulate as i32);
         self.launch(
             "qgemm_reduce",
@@ -306,6 +321,26 @@ pub(crate) fn mmq_splits(
     (1..=(chunks / SPLIT_MIN_CHUNKS).clamp(1, 16))
         .min_by_key(|&s| (cost(s), s))
         .unwrap_or(1)
+}
+
+/// The lab's x-quantizing kernels (`-DMMQ_FUSE_X`; traps in the default build).
+fn fx_kernel(ty: QType) -> &'static str {
+    match ty {
+        QType::Q4K => "qmmq_fx_q4_k_n1",
+        QType::Q8_0 => "qmmq_fx_q8_0_n1",
+    }
+}
+
+/// Most chunks a block of a fused launch walks (its x quantized in line, not ahead).
+const FUSE_X_CHUNKS: usize = 2;
+
+/// `MLASERVE_QMMQ_FUSE_X=1` (lab, read once; only with kernels built with `-DMMQ_FUSE_X`
+/// through `MLASERVE_KERNEL_DEFINES`, else the launch traps): 1-8-row launches whose blocks
+/// walk at most 2 chunks quantize x as they stage it (`mmq_stage_fx`), no `q8_quantize_mmq`
+/// launch; the same quantized x, so the same bits.
+fn fuse_x() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLASERVE_QMMQ_FUSE_X").is_ok_and(|v| v == "1"))
 }
 
 /// `MLASERVE_QMMQ_SPLITS=n` (lab, read once): dense launches split along K n ways (at most

@@ -48,6 +48,14 @@ __device__ __forceinline__ bool mmq_tile(const int* offsets, const int* tile_off
     return true;
 }
 
+// The lab's x-quantizing entries in builds without them (qmmq.rs never launches these there).
+#define QMMQ_FX_TRAP(NAME)                                                                      \
+    extern "C" __global__ void NAME(const unsigned char* w, int rows, int k, const bf16* x,     \
+                                    int m, float* out, int accumulate) {                        \
+        MLA_PDL();                                                                              \
+        __trap();                                                                               \
+    }
+
 #ifdef MLA_TC
 
 #define MMQ_XS 288      // shared row stride of a row of x's 256 quants: conflict-free 8-byte loads
@@ -295,21 +303,22 @@ __device__ __forceinline__ void qmmq_body(const unsigned char* w, int rows, int 
 #ifdef MMQ_FUSE_X
         if constexpr (FX) {
             mmq_stage_fx<TY, NT>(dst, xb, m, k, c);
-            return;
-        }
+        } else
 #endif
-        const unsigned char* src = (const unsigned char*)xq + (i64)c * MP * 256;
-        // (MMQ_THREADS a block, known here: the copies unrolled, no loop a stage)
+        {
+            const unsigned char* src = (const unsigned char*)xq + (i64)c * MP * 256;
+            // (MMQ_THREADS a block, known here: the copies unrolled, no loop a stage)
 #pragma unroll
-        for (int i0 = 0; i0 < MP * 16; i0 += MMQ_THREADS) {
-            const int i = i0 + threadIdx.x;
-            mla_cp16(mla_smem(dst + (i >> 4) * MMQ_XS + (i & 15) * 16), src + i * 16, 16);
-        }
-        const unsigned char* sd = (const unsigned char*)(xds + (i64)c * 8 * MP);
+            for (int i0 = 0; i0 < MP * 16; i0 += MMQ_THREADS) {
+                const int i = i0 + threadIdx.x;
+                mla_cp16(mla_smem(dst + (i >> 4) * MMQ_XS + (i & 15) * 16), src + i * 16, 16);
+            }
+            const unsigned char* sd = (const unsigned char*)(xds + (i64)c * 8 * MP);
 #pragma unroll
-        for (int i0 = 0; i0 < MP * 4; i0 += MMQ_THREADS) {
-            const int i = i0 + threadIdx.x;
-            if (i < MP * 4) mla_cp16(mla_smem(dst + MP * MMQ_XS + i * 16), sd + i * 16, 16);
+            for (int i0 = 0; i0 < MP * 4; i0 += MMQ_THREADS) {
+                const int i = i0 + threadIdx.x;
+                if (i < MP * 4) mla_cp16(mla_smem(dst + MP * MMQ_XS + i * 16), sd + i * 16, 16);
+            }
         }
     };
 #pragma unroll
@@ -371,12 +380,7 @@ QMMQ_ENTRY(qmmq_q8_0_n8, QT_Q8_0, 8)
                                blockIdx.y, gridDim.y, x);                                       \
     }
 #else
-#define QMMQ_FX_ENTRY(NAME, TY)                                                                 \
-    extern "C" __global__ void NAME(const unsigned char* w, int rows, int k, const bf16* x,     \
-                                    int m, float* out, int accumulate) {                        \
-        MLA_PDL();                                                                              \
-        __trap();                                                                               \
-    }
+#define QMMQ_FX_ENTRY(NAME, TY) QMMQ_FX_TRAP(NAME)
 #endif
 QMMQ_FX_ENTRY(qmmq_fx_q4_k_n1, QT_Q4_K)
 QMMQ_FX_ENTRY(qmmq_fx_q8_0_n1, QT_Q8_0)
@@ -426,12 +430,6 @@ QMMQ_TRAP(qmmq_q8_0_n1)
 QMMQ_TRAP(qmmq_q8_0_n2)
 QMMQ_TRAP(qmmq_q8_0_n4)
 QMMQ_TRAP(qmmq_q8_0_n8)
-#define QMMQ_FX_TRAP(NAME)                                                                      \
-    extern "C" __global__ void NAME(const unsigned char* w, int rows, int k, const bf16* x,     \
-                                    int m, float* out, int accumulate) {                        \
-        MLA_PDL();                                                                              \
-        __trap();                                                                               \
-    }
 QMMQ_FX_TRAP(qmmq_fx_q4_k_n1)
 QMMQ_FX_TRAP(qmmq_fx_q8_0_n1)
 #define QMMQ_GROUPED_TRAP(NAME)                                                                 \

@@ -335,12 +335,22 @@ fn fx_kernel(ty: QType) -> &'static str {
 const FUSE_X_CHUNKS: usize = 2;
 
 /// `MLASERVE_QMMQ_FUSE_X=1` (lab, read once; only with kernels built with `-DMMQ_FUSE_X`
-/// through `MLASERVE_KERNEL_DEFINES`, else the launch traps): 1-8-row launches whose blocks
+/// through `MLASERVE_KERNEL_DEFINES`, else ignored: the default build's entries trap).
+/// Splits are chosen by the unfused kernel's occupancy. 1-8-row launches whose blocks
 /// walk at most 2 chunks quantize x as they stage it (`mmq_stage_fx`), no `q8_quantize_mmq`
 /// launch; the same quantized x, so the same bits.
 fn fuse_x() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MLASERVE_QMMQ_FUSE_X").is_ok_and(|v| v == "1"))
+    *ON.get_or_init(|| {
+        let asked = std::env::var("MLASERVE_QMMQ_FUSE_X").is_ok_and(|v| v == "1");
+        let built = crate::kernels::lab_defines()
+            .iter()
+            .any(|d| d == "-DMMQ_FUSE_X");
+        if asked && !built {
+            tracing::warn!("MLASERVE_QMMQ_FUSE_X=1 without -DMMQ_FUSE_X: ignored");
+        }
+        asked && built
+    })
 }
 
 /// `MLASERVE_QMMQ_SPLITS=n` (lab, read once): dense launches split along K n ways (at most
@@ -488,6 +498,7 @@ mod tests {
                 // enough rows, and never more tiles than twice the rows need
                 assert!(8 * nt >= m && 8 * nt < 2 * m + 8, "m {m} nt {nt}");
                 assert!(crate::kernels::NAMES.contains(&kernel(ty, nt)));
+                assert!(crate::kernels::NAMES.contains(&fx_kernel(ty)));
             }
             // the grouped kernels instantiated for every tile size the sort can choose
             for (pairs, held) in [(6, 64), (384, 64), (4096, 64), (1, 1)] {

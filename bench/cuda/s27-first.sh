@@ -5,7 +5,8 @@
 #    model at 3-64 rows;
 # 2. the lab variant -DMMQ_FUSE_X with MLASERVE_QMMQ_FUSE_X=1 (1-8-row launches whose blocks
 #    walk at most 2 chunks quantize x themselves: no q8_quantize_mmq launch, ~1.8 µs each inside
-#    the 8-row step by run 7): the quantized op family and e2e under it, then the Q4_K model's
+#    the 8-row step by run 7): the quantized op family under it (its "qgemm_mmq fused x" rows:
+#    bit for bit against the unfused path at 1-8 rows) and e2e, then the Q4_K model's
 #    replays at 5/8/16/64 rows against the default, two rounds interleaved, and the lab.
 # On the build machine: cargo build ... && LABS=1 tools/device/pack.sh; cp this .device/next.sh
 set -u
@@ -28,6 +29,7 @@ FX="MLASERVE_KERNEL_DEFINES=-DMMQ_FUSE_X MLASERVE_QMMQ_FUSE_X=1"
 env $FX MLASERVE_OPS=quantized timeout 200 $B/ops --test-threads=1 --nocapture > $OUT/ops-fx.txt 2>&1
 echo "ops quantized, fused x: rc=$? $(el)" >> $L
 grep -iE "fail|test result" $OUT/ops-fx.txt | head -5 >> $L
+grep -E "fused x" $OUT/ops-fx.txt | head -12 >> $L
 env $FX timeout 100 $B/e2e --test-threads=2 > $OUT/e2e-fx.txt 2>&1; echo "e2e fused x rc=$? $(el)" >> $L
 for r in 1 2; do for b in 5 8 16 64; do for v in default fx; do
   echo "== q4k b$b $v: $(el)" >> $L

@@ -79,6 +79,29 @@ impl Gpu {
     /// (per [`x_q8u`]) by `q8_quantize_mmq` into the step's arena, then the
     /// int8 tensor-core kernel, split along K by `qmmq::mmq_splits`.
     pub fn qgemm_mmq(&self, w: &QMat, m: usize, x: u64, out: u64, accumulate: bool) -> Result<()> {
+        self.qgemm_mmq_lab(w, m, x, out, accumulate, None)
+    }
+
+    /// [`Gpu::qgemm_mmq`] with the lab's fused x forced on (`Some(true)`: 1-8 rows, any chunks a
+    /// block; an error unless the kernels were built with `-DMMQ_FUSE_X`) or off
+    /// (`Some(false)`), or as `MLASERVE_QMMQ_FUSE_X` and the chunk bound choose (`None`). The op
+    /// table compares both ways bit for bit.
+    pub fn qgemm_mmq_lab(
+        &self,
+        w: &QMat,
+        m: usize,
+        x: u64,
+        out: u64,
+        accumulate: bool,
+        fuse: Option<bool>,
+    ) -> Result<()> {
+        if fuse == Some(true) && (tiles(m) != 1 || !fx_built()) {
+            return Err(CudaError::Invalid(format!(
+                "qgemm_mmq: x quantized in the kernel takes 1-8 rows (not {m}) and kernels built \
+                 with -DMMQ_FUSE_X (MLASERVE_KERNEL_DEFINES: {:?})",
+                crate::kernels::lab_defines()
+            )));
+        }
         if !self.mmq_fits(w, m) {
             return Err(CudaError::Invalid(format!(
                 "qgemm_mmq: {m} rows of {:?} [{} x {}] on {} (1-{QMMQ_MAX_M} rows, \
@@ -91,7 +114,9 @@ impl Gpu {
         let nblk = w.rows.div_ceil(64);
         let splits = self.qgemm_mmq_splits(w, m)?;
         // lab: blocks of at most FUSE_X_CHUNKS chunks quantize x themselves (no quantize launch)
-        let fused = fuse_x() && nt == 1 && (w.cols / 256).div_ceil(splits) <= FUSE_X_CHUNKS;
+        let fused = fuse.unwrap_or_else(|| {
+            fuse_x() && nt == 1 && (w.cols / 256).div_ceil(splits) <= FUSE_X_CHUNKS
+        });
         let name = if fused {
             fx_kernel(w.ty)
         } else {
@@ -331,6 +356,13 @@ fn fx_kernel(ty: QType) -> &'static str {
     }
 }
 
+/// Whether this process's kernels hold the fused-x entries (`-DMMQ_FUSE_X`).
+pub fn fx_built() -> bool {
+    crate::kernels::lab_defines()
+        .iter()
+        .any(|d| d == "-DMMQ_FUSE_X")
+}
+
 /// Most chunks a block of a fused launch walks (its x quantized in line, not ahead).
 const FUSE_X_CHUNKS: usize = 2;
 
@@ -343,9 +375,7 @@ fn fuse_x() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
         let asked = std::env::var("MLASERVE_QMMQ_FUSE_X").is_ok_and(|v| v == "1");
-        let built = crate::kernels::lab_defines()
-            .iter()
-            .any(|d| d == "-DMMQ_FUSE_X");
+        let built = fx_built();
         if asked && !built {
             tracing::warn!("MLASERVE_QMMQ_FUSE_X=1 without -DMMQ_FUSE_X: ignored");
         }

@@ -171,8 +171,9 @@ impl Gpu {
         Ok(mmq_splits(w.ty, nt, nblk, chunks, self.sm_count, per_sm))
     }
 
-    /// Blocks of kernel `name` resident an SM (the occupancy API, once a device and kernel:
-    /// this runs on every launch's host path).
+    /// Blocks of kernel `name` resident an SM (the occupancy API through `resident_ctas`, which
+    /// raises past-48-KB kernels itself; cached here by a `&'static str` key, as this runs on
+    /// every launch's host path and `resident_ctas`' key allocates a String).
     fn mmq_per_sm(&self, name: &'static str, bytes: usize) -> Result<usize> {
         use std::collections::HashMap;
         use std::sync::{Mutex, OnceLock};
@@ -182,7 +183,6 @@ impl Gpu {
         if let Some(&n) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(n);
         }
-        self.raise_smem(name, bytes)?;
         let n = self.resident_ctas(name, MMQ_THREADS as usize, bytes)? / self.sm_count.max(1);
         cache
             .lock()

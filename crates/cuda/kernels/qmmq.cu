@@ -48,14 +48,6 @@ __device__ __forceinline__ bool mmq_tile(const int* offsets, const int* tile_off
     return true;
 }
 
-// The lab's x-quantizing entries in builds without them (qmmq.rs never launches these there).
-#define QMMQ_FX_TRAP(NAME)                                                                      \
-    extern "C" __global__ void NAME(const unsigned char* w, int rows, int k, const bf16* x,     \
-                                    int m, float* out, int accumulate) {                        \
-        MLA_PDL();                                                                              \
-        __trap();                                                                               \
-    }
-
 #ifdef MLA_TC
 
 #define MMQ_XS 288      // shared row stride of a row of x's 256 quants: conflict-free 8-byte loads
@@ -245,35 +237,14 @@ __device__ __forceinline__ constexpr int mmq_stage_bytes() {
     return 8 * NT * MMQ_XS + 8 * 8 * NT * 8;
 }
 
-#ifdef MMQ_FUSE_X
-__device__ __forceinline__ float2 mmq_quant_sub(const bf16* src, signed char* dq, int s, int q8u);
-
-// Lab (-DMMQ_FUSE_X, `MLASERVE_QMMQ_FUSE_X=1`): chunk c of x bf16 [m, k] quantized straight
-// into a stage by the block itself, in q8_quantize_mmq's layout and with its functions (the
-// same bits), a thread a 32-value sub-block (lanes 8i .. 8i + 7 the 8 of a row: q8u_sub's
-// shuffles); no quantize launch. Synchronous: meant for blocks of one or two chunks.
-template <int TY, int NT>
-__device__ __forceinline__ void mmq_stage_fx(unsigned char* dst, const bf16* x, int m, int k,
-                                             int c) {
-    constexpr int MP = 8 * NT;
-    float2* ds = (float2*)(dst + MP * MMQ_XS);
-    for (int i = threadIdx.x; i < MP * 8; i += MMQ_THREADS) {
-        const int t = i >> 3, s = i & 7;
-        const bf16* src = t < m ? x + (i64)t * k + c * 256 + s * 32 : nullptr;
-        signed char* dq = (signed char*)(dst + t * MMQ_XS + s * 32);
-        ds[s * MP + t] = mmq_quant_sub(src, dq, s, TY == QT_Q4_K);
-    }
-}
-#endif
-
 // Dense: W's first chunk is requested before the wait on the previous grid (weights are
 // never written by a kernel); grouped launches (`waited`) have waited already (the routing's
 // sort names their matrix).
-template <int TY, int NT, bool FX = false>
+template <int TY, int NT>
 __device__ __forceinline__ void qmmq_body(const unsigned char* w, int rows, int k,
                                           const signed char* xq, const float2* xds, int m,
                                           float* out, int accumulate, bool waited, int split,
-                                          int splits, const bf16* xb = nullptr) {
+                                          int splits) {
     constexpr int MP = 8 * NT, STAGE = mmq_stage_bytes<NT>();
     extern __shared__ __align__(16) unsigned char mmq_smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
@@ -291,25 +262,18 @@ __device__ __forceinline__ void qmmq_body(const unsigned char* w, int rows, int 
     }
     auto stage = [&](int buf, int c) {
         unsigned char* dst = mmq_smem + buf * STAGE;
-#ifdef MMQ_FUSE_X
-        if constexpr (FX) {
-            mmq_stage_fx<TY, NT>(dst, xb, m, k, c);
-        } else
-#endif
-        {
-            const unsigned char* src = (const unsigned char*)xq + (i64)c * MP * 256;
-            // (MMQ_THREADS a block, known here: the copies unrolled, no loop a stage)
+        const unsigned char* src = (const unsigned char*)xq + (i64)c * MP * 256;
+        // (MMQ_THREADS a block, known here: the copies unrolled, no loop a stage)
 #pragma unroll
-            for (int i0 = 0; i0 < MP * 16; i0 += MMQ_THREADS) {
-                const int i = i0 + threadIdx.x;
-                mla_cp16(mla_smem(dst + (i >> 4) * MMQ_XS + (i & 15) * 16), src + i * 16, 16);
-            }
-            const unsigned char* sd = (const unsigned char*)(xds + (i64)c * 8 * MP);
+        for (int i0 = 0; i0 < MP * 16; i0 += MMQ_THREADS) {
+            const int i = i0 + threadIdx.x;
+            mla_cp16(mla_smem(dst + (i >> 4) * MMQ_XS + (i & 15) * 16), src + i * 16, 16);
+        }
+        const unsigned char* sd = (const unsigned char*)(xds + (i64)c * 8 * MP);
 #pragma unroll
-            for (int i0 = 0; i0 < MP * 4; i0 += MMQ_THREADS) {
-                const int i = i0 + threadIdx.x;
-                if (i < MP * 4) mla_cp16(mla_smem(dst + MP * MMQ_XS + i * 16), sd + i * 16, 16);
-            }
+        for (int i0 = 0; i0 < MP * 4; i0 += MMQ_THREADS) {
+            const int i = i0 + threadIdx.x;
+            if (i < MP * 4) mla_cp16(mla_smem(dst + MP * MMQ_XS + i * 16), sd + i * 16, 16);
         }
     };
 #pragma unroll
@@ -360,22 +324,6 @@ QMMQ_ENTRY(qmmq_q8_0_n2, QT_Q8_0, 2)
 QMMQ_ENTRY(qmmq_q8_0_n4, QT_Q8_0, 4)
 QMMQ_ENTRY(qmmq_q8_0_n8, QT_Q8_0, 8)
 
-// Lab: 1-8 rows with x bf16, quantized by each block as it stages it (mmq_stage_fx).
-#ifdef MMQ_FUSE_X
-#define QMMQ_FX_ENTRY(NAME, TY)                                                                 \
-    extern "C" __global__ void MMQ_BOUNDS_1 NAME(const unsigned char* w, int rows, int k,       \
-                                                 const bf16* x, int m, float* out,              \
-                                                 int accumulate) {                              \
-        MLA_WEIGHTS_FIRST();                                                                    \
-        qmmq_body<TY, 1, true>(w, rows, k, nullptr, nullptr, m, out, accumulate, false,         \
-                               blockIdx.y, gridDim.y, x);                                       \
-    }
-#else
-#define QMMQ_FX_ENTRY(NAME, TY) QMMQ_FX_TRAP(NAME)
-#endif
-QMMQ_FX_ENTRY(qmmq_fx_q4_k_n1, QT_Q4_K)
-QMMQ_FX_ENTRY(qmmq_fx_q8_0_n1, QT_Q8_0)
-
 // Grouped expert GEMM: out[r, :n] = W_e[:n, :k] . x_q[r] for every sorted row r of held expert
 // e (moe_gemm's contract over x as quantized for the type): m-tile blockIdx.y of 8 NT rows, x
 // from q8_quantize_mmq_grouped (tile j's chunks at xq + j * k * 8 NT, xds + j * (k / 32) * 8 NT).
@@ -421,8 +369,6 @@ QMMQ_TRAP(qmmq_q8_0_n1)
 QMMQ_TRAP(qmmq_q8_0_n2)
 QMMQ_TRAP(qmmq_q8_0_n4)
 QMMQ_TRAP(qmmq_q8_0_n8)
-QMMQ_FX_TRAP(qmmq_fx_q4_k_n1)
-QMMQ_FX_TRAP(qmmq_fx_q8_0_n1)
 #define QMMQ_GROUPED_TRAP(NAME)                                                                 \
     extern "C" __global__ void NAME(const unsigned long long* w_ptrs, const int* offsets,       \
                                     const int* tile_off, int held, int n, int k,                \
@@ -489,22 +435,6 @@ __device__ __forceinline__ float2 q8u_sub(const bf16* x, signed char* q, int s) 
     return make_float2(__int_as_float(u), (s & 1) ? D : __uint_as_float(pair));
 }
 
-// One 32-value sub-block s of x for the int8 kernels into dq (src null: a zero row): q8u_sub's
-// rule (q8u, Q4_K's kernels; a whole warp calls it) or q8_block's; returns its xds slot (a zero
-// row's Q8_0 slot (0, 0)).
-__device__ __forceinline__ float2 mmq_quant_sub(const bf16* src, signed char* dq, int s, int q8u) {
-    float2 o = make_float2(0.f, 0.f);
-    if (q8u) {
-        o = q8u_sub(src, dq, s);
-    } else if (src) {
-        q8_block(src, dq, o.x, o.y);
-    } else {
-#pragma unroll
-        for (int i = 0; i < 2; i++) ((uint4*)dq)[i] = make_uint4(0u, 0u, 0u, 0u);
-    }
-    return o;
-}
-
 // x bf16 [m, k] (row stride k, k % 256 == 0) quantized into qmmq's chunk order: xq [c][mp][256]
 // int8, xds [c][8][mp] float2, c < k / 256; rows m .. mp zero. q8u = 0 (Q8_0's kernels):
 // per 32 values by q8_block's rule, xds (d, d * sum(q)); q8u = 1 (Q4_K's): q8u_sub's scale a
@@ -518,8 +448,6 @@ extern "C" __global__ void q8_quantize_mmq(const bf16* x, int m, int mp, int k, 
          b += (i64)gridDim.x * blockDim.x) {
         const int t = (int)(b / nb), j = (int)(b % nb), c = j >> 3, s = j & 7;
         signed char* dq = xq + ((i64)c * mp + t) * 256 + s * 32;
-        // mmq_quant_sub's dispatch, spelled out: through it (src null for t >= m) this kernel
-        // compiles to other SASS (same operations, not measured on a GPU)
         float2 o = make_float2(0.f, 0.f);
         if (q8u) {
             o = q8u_sub(t < m ? x + (i64)t * k + j * 32 : nullptr, dq, s);
@@ -557,6 +485,15 @@ extern "C" __global__ void q8_quantize_mmq_grouped(const bf16* x, const int* ord
             const int r = m0 + t;
             src = x + (i64)(gather ? order[r] / x_div : r) * k + jb * 32;
         }
-        xds[(i64)j * nb * bm + ((i64)c * 8 + s) * bm + t] = mmq_quant_sub(src, dq, s, q8u);
+        float2 o = make_float2(0.f, 0.f);
+        if (q8u) {
+            o = q8u_sub(src, dq, s);
+        } else if (src) {
+            q8_block(src, dq, o.x, o.y);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 2; i++) ((uint4*)dq)[i] = make_uint4(0u, 0u, 0u, 0u);
+        }
+        xds[(i64)j * nb * bm + ((i64)c * 8 + s) * bm + t] = o;
     }
 }

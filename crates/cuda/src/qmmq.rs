@@ -79,29 +79,6 @@ impl Gpu {
     /// (per [`x_q8u`]) by `q8_quantize_mmq` into the step's arena, then the
     /// int8 tensor-core kernel, split along K by `qmmq::mmq_splits`.
     pub fn qgemm_mmq(&self, w: &QMat, m: usize, x: u64, out: u64, accumulate: bool) -> Result<()> {
-        self.qgemm_mmq_lab(w, m, x, out, accumulate, None)
-    }
-
-    /// [`Gpu::qgemm_mmq`] with the lab's fused x forced on (`Some(true)`: 1-8 rows, any chunks a
-    /// block; an error unless the kernels were built with `-DMMQ_FUSE_X`) or off
-    /// (`Some(false)`), or as `MLASERVE_QMMQ_FUSE_X` and the chunk bound choose (`None`). The op
-    /// table compares both ways bit for bit.
-    pub fn qgemm_mmq_lab(
-        &self,
-        w: &QMat,
-        m: usize,
-        x: u64,
-        out: u64,
-        accumulate: bool,
-        fuse: Option<bool>,
-    ) -> Result<()> {
-        if fuse == Some(true) && (tiles(m) != 1 || !fx_built()) {
-            return Err(CudaError::Invalid(format!(
-                "qgemm_mmq: x quantized in the kernel takes 1-8 rows (not {m}) and kernels built \
-                 with -DMMQ_FUSE_X (MLASERVE_KERNEL_DEFINES: {:?})",
-                crate::kernels::lab_defines()
-            )));
-        }
         if !self.mmq_fits(w, m) {
             return Err(CudaError::Invalid(format!(
                 "qgemm_mmq: {m} rows of {:?} [{} x {}] on {} (1-{QMMQ_MAX_M} rows, \
@@ -110,45 +87,28 @@ impl Gpu {
             )));
         }
         let nt = tiles(m);
+        let (xq, xds) = self.quantize_mmq_x(x, m, w.cols, w.ty)?;
         let (m32, k32, n32) = (m as i32, w.cols as i32, w.rows as i32);
-        let nblk = w.rows.div_ceil(64);
-        let splits = self.qgemm_mmq_splits(w, m)?;
-        // lab: blocks of at most FUSE_X_CHUNKS chunks quantize x themselves (no quantize launch)
-        let fused = fuse.unwrap_or_else(|| {
-            fuse_x() && nt == 1 && (w.cols / 256).div_ceil(splits) <= FUSE_X_CHUNKS
-        });
-        let name = if fused {
-            fx_kernel(w.ty)
-        } else {
-            kernel(w.ty, nt)
-        };
+        let (xqp, xdp) = (xq.ptr(), xds.ptr());
+        let name = kernel(w.ty, nt);
         let bytes = smem(nt);
         self.raise_smem(name, bytes)?;
+        let nblk = w.rows.div_ceil(64);
+        let splits = self.qgemm_mmq_splits(w, m)?;
         let cfg = LaunchConfig {
             grid_dim: (nblk as u32, splits as u32, 1),
             block_dim: (MMQ_THREADS, 1, 1),
             shared_mem_bytes: bytes as u32,
         };
         let wp = w.w.ptr();
-        let quantized = if fused {
-            None
-        } else {
-            Some(self.quantize_mmq_x(x, m, w.cols, w.ty)?)
-        };
-        let launch = |o: u64, acc: i32| match &quantized {
-            None => self.launch(name, cfg, &args![wp, n32, k32, x, m32, o, acc]),
-            Some((xq, xds)) => {
-                let (xqp, xdp) = (xq.ptr(), xds.ptr());
-                self.launch(name, cfg, &args![wp, n32, k32, xqp, xdp, m32, o, acc])
-            }
-        };
         if splits == 1 {
-            return launch(out, accumulate as i32);
+            let acc = accumulate as i32;
+            return self.launch(name, cfg, &args![wp, n32, k32, xqp, xdp, m32, out, acc]);
         }
         let mn = m * w.rows;
         let part = self.alloc::<f32>(splits * mn)?;
-        let pp = part.ptr();
-        launch(pp, 0)?;
+        let (pp, zero) = (part.ptr(), 0i32);
+        self.launch(name, cfg, &args![wp, n32, k32, xqp, xdp, m32, pp, zero])?;
         let (sp, mn64, acc) = (splits as i32, mn as i64, accumulate as i32);
         self.launch(
             "qgemm_reduce",
@@ -348,41 +308,6 @@ pub(crate) fn mmq_splits(
         .unwrap_or(1)
 }
 
-/// The lab's x-quantizing kernels (`-DMMQ_FUSE_X`; traps in the default build).
-fn fx_kernel(ty: QType) -> &'static str {
-    match ty {
-        QType::Q4K => "qmmq_fx_q4_k_n1",
-        QType::Q8_0 => "qmmq_fx_q8_0_n1",
-    }
-}
-
-/// Whether this process's kernels hold the fused-x entries (`-DMMQ_FUSE_X`).
-pub fn fx_built() -> bool {
-    crate::kernels::lab_defines()
-        .iter()
-        .any(|d| d == "-DMMQ_FUSE_X")
-}
-
-/// Most chunks a block of a fused launch walks (its x quantized in line, not ahead).
-const FUSE_X_CHUNKS: usize = 2;
-
-/// `MLASERVE_QMMQ_FUSE_X=1` (lab, read once; only with kernels built with `-DMMQ_FUSE_X`
-/// through `MLASERVE_KERNEL_DEFINES`, else ignored: the default build's entries trap).
-/// Splits are chosen by the unfused kernel's occupancy. 1-8-row launches whose blocks
-/// walk at most 2 chunks quantize x as they stage it (`mmq_stage_fx`), no `q8_quantize_mmq`
-/// launch; the same quantized x, so the same bits.
-fn fuse_x() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        let asked = std::env::var("MLASERVE_QMMQ_FUSE_X").is_ok_and(|v| v == "1");
-        let built = fx_built();
-        if asked && !built {
-            tracing::warn!("MLASERVE_QMMQ_FUSE_X=1 without -DMMQ_FUSE_X: ignored");
-        }
-        asked && built
-    })
-}
-
 /// `MLASERVE_QMMQ_SPLITS=n` (lab, read once): dense launches split along K n ways (at most
 /// the chunks, 16), not by the rule.
 fn forced_splits() -> Option<usize> {
@@ -528,7 +453,6 @@ mod tests {
                 // enough rows, and never more tiles than twice the rows need
                 assert!(8 * nt >= m && 8 * nt < 2 * m + 8, "m {m} nt {nt}");
                 assert!(crate::kernels::NAMES.contains(&kernel(ty, nt)));
-                assert!(crate::kernels::NAMES.contains(&fx_kernel(ty)));
             }
             // the grouped kernels instantiated for every tile size the sort can choose
             for (pairs, held) in [(6, 64), (384, 64), (4096, 64), (1, 1)] {

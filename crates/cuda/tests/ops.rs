@@ -3192,39 +3192,6 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 rep.check("qgemm_mmq", shape(m), "q*i8>f32", err, 1e-4);
             }
             assert!(gpu.qgemm_mmq(&wd, 65, xb.ptr(), 0, false).is_err());
-            // the lab's x quantized by the int8 kernel's own blocks (-DMMQ_FUSE_X): the same
-            // bits as through q8_quantize_mmq, split or not, accumulating or not
-            if mlaserve_cuda::qmmq::fx_built() {
-                for (m, acc) in [(1usize, false), (2, true), (5, false), (8, true)] {
-                    let base: Vec<f32> =
-                        (0..m * rows).map(|i| (i % 5) as f32 * 0.5 - 1.0).collect();
-                    let launch = |fuse: bool| {
-                        let out = poisoned::<f32>(gpu, m * rows);
-                        gpu.write(&out, 0, &base).unwrap();
-                        gpu.qgemm_mmq_lab(&wd, m, xb.ptr(), out.ptr(), acc, Some(fuse))
-                            .unwrap();
-                        gpu.to_host(&out).unwrap()
-                    };
-                    let (want, got) = (launch(false), launch(true));
-                    let diff = got
-                        .iter()
-                        .zip(&want)
-                        .filter(|(a, b)| a.to_bits() != b.to_bits());
-                    let splits = gpu.qgemm_mmq_splits(&wd, m).unwrap();
-                    let name = format!("{} {splits} splits", shape(m));
-                    rep.check(
-                        "qgemm_mmq fused x",
-                        name,
-                        "q*i8>f32",
-                        diff.count() as f64,
-                        0.0,
-                    );
-                }
-            } else {
-                assert!(gpu
-                    .qgemm_mmq_lab(&wd, 2, xb.ptr(), 0, false, Some(true))
-                    .is_err());
-            }
         }
         // The tensor-core kernel (16- and 64-row tiles, partial ones): straight through
         // `qgemm_tc` from 5 rows, over the bf16-rounded weights; `qgemm` past the GEMV's 8

@@ -76,8 +76,9 @@ pub fn tokenizer_for(path: &Path) -> Result<Tokenizer> {
 /// Load the model onto its device, load its tokenizer, and start the engine thread.
 pub fn start(args: &EngineArgs) -> Result<EngineHandle> {
     let path = args.model_path();
-    let exec = load_executor(&path, &args.device, &LoadOptions::default())?;
+    // the tokenizer first: a file without one fails in a second, not after its weights load
     let tokenizer = Arc::new(tokenizer_for(&path)?);
+    let exec = load_executor(&path, &args.device, &LoadOptions::default())?;
     start_engine_with(exec, tokenizer, args.engine_config())
         .map_err(|e| anyhow::anyhow!("starting the engine: {e}"))
 }

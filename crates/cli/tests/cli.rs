@@ -405,3 +405,36 @@ fn dump_at_tp2_writes_one_file_per_step_and_rank() {
 fn mlaserve_cuda_absent() -> bool {
     !std::path::Path::new("/proc/driver/nvidia").exists()
 }
+
+/// A GGUF without `tokenizer.*` keys fails `serve` with an error naming the tokenizer before
+/// its weights load (a real model's load takes minutes; the error must not wait for it).
+#[test]
+fn serve_without_a_tokenizer_fails_before_loading() {
+    use mlaserve_gguf::{GgufFile, GgufWriter};
+    let src = GgufFile::open(fixture("deepseek_v2", "deepseek_v2-f32.gguf")).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in src.metadata() {
+        if !k.starts_with("tokenizer.") {
+            w.set_metadata(k, v.clone()).unwrap();
+        }
+    }
+    for t in src.tensors() {
+        w.add_tensor(&t.name, t.ggml_type, &t.dims, src.tensor_data(t))
+            .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("no-tokenizer.gguf");
+    w.write_to(std::fs::File::create(&path).unwrap()).unwrap();
+    let out = bin()
+        .args(["serve", "--port", "0", "--model"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "stderr: {err}");
+    assert!(
+        err.contains("tokenizer of") && err.contains("tokenizer.ggml.model"),
+        "{err}"
+    );
+    assert!(!err.contains("loaded "), "the weights loaded first: {err}");
+}

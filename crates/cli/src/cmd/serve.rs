@@ -1,5 +1,6 @@
 //! `mlaserve serve`: the OpenAI-compatible server. It listens at once (`/health` answers 503
-//! while the model loads, then 200) and drains on SIGTERM/SIGINT, exiting 0.
+//! while the model loads, then 200) and drains on SIGTERM/SIGINT, exiting 0 (at once if the
+//! model is still loading). A model without a tokenizer fails before its weights load.
 
 use crate::engine_args::{self, EngineArgs};
 use anyhow::Result;
@@ -40,14 +41,23 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(async move {
+    let result = rt.block_on(async move {
         let state = AppState::new(cfg);
-        let server = tokio::spawn(mlaserve_server::serve_state(
+        let mut server = tokio::spawn(mlaserve_server::serve_state(
             state.clone(),
             mlaserve_server::shutdown_signal(),
         ));
         let engine = a.engine.clone();
-        let handle = tokio::task::spawn_blocking(move || engine_args::start(&engine)).await??;
+        let load = tokio::task::spawn_blocking(move || engine_args::start(&engine));
+        let handle = tokio::select! {
+            loaded = load => loaded??,
+            // SIGTERM/SIGINT before the model is ready: nothing to drain, so stop now rather
+            // than after a load that can take minutes (the loading thread ends with the process)
+            stopped = &mut server => {
+                tracing::info!("stopped while the model was loading");
+                return stopped?;
+            }
+        };
         if state.set_engine(handle.clone()).is_err() {
             anyhow::bail!("engine installed twice");
         }
@@ -56,5 +66,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
         handle.shutdown();
         tokio::task::spawn_blocking(move || handle.wait()).await?;
         result
-    })
+    });
+    // Dropping the runtime would wait for a load still running (blocking tasks are not
+    // cancelled); everything that must finish was awaited above.
+    rt.shutdown_background();
+    result
 }

@@ -7,8 +7,13 @@
 //!
 //! ```text
 //! cargo run --release -p mlaserve-cuda --example decode_profile -- MODEL.gguf
-//!     [--batch 1] [--ctx 512] [--json out.json] [--replays N]
+//!     [--batch 1] [--ctx 512] [--json out.json] [--replays N] [--forward N]
 //! ```
+//!
+//! `--forward N` first times N whole steps as the engine runs them (`forward_into`: host
+//! inputs, the graph, the logits to the host), with fresh logits and with one kept buffer, and
+//! the logits' copy alone four ways (`Gpu::lab_host_reads`); against `--replays`, the host's
+//! part of a step.
 //!
 //! `--replays N` instead times N replays of the step's graph with no event between its
 //! kernels (they overlap as in serving) and prints the median, p10 and p90 µs a step: with
@@ -126,6 +131,40 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     let step = ForwardBatch::new(seqs, bs, AttentionPath::Auto)?;
     exec.forward(&step)?; // a warm-up of the same shape
+    if let Some(n) = arg("--forward") {
+        // The whole step as the engine runs it (host inputs, graph replay, the logits to the
+        // host) against --replays (the GPU's part): fresh logits each step, or one buffer.
+        let n: usize = n.parse()?;
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(|a, b| a.total_cmp(b));
+            v[v.len() / 2]
+        };
+        let mut fresh = Vec::with_capacity(n);
+        let mut kept = Vec::with_capacity(n);
+        let mut buf = Vec::new();
+        for _ in 0..n {
+            let t0 = std::time::Instant::now();
+            drop(exec.forward(&step)?);
+            fresh.push(t0.elapsed().as_secs_f64() * 1e6);
+            let t0 = std::time::Instant::now();
+            exec.forward_into(&step, &mut buf)?;
+            kept.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+        println!(
+            "forward batch {batch} ctx {ctx}: median {:.1} µs a step with fresh logits, {:.1} with one buffer ({} f32 of logits)",
+            median(fresh),
+            median(kept),
+            buf.len()
+        );
+        // The logits' copy alone, four ways (Gpu::lab_host_reads), from a device buffer.
+        let len = batch * vocab as usize;
+        let d = exec.gpu().alloc::<f32>(len)?;
+        let [f, k, p, pk] = exec.gpu().lab_host_reads(d.ptr(), len, n)?;
+        println!(
+            "{:.1} MB of logits to the host: into fresh memory {f:.2} ms, kept memory {k:.2}, page-locked {p:.2}, page-locked then into kept memory {pk:.2}",
+            len as f64 * 4e-6
+        );
+    }
     if let Some(n) = arg("--replays") {
         let traced = mlaserve_cuda::kernels::trace_define().is_some();
         if traced {

@@ -527,7 +527,8 @@ impl CudaExecutor {
         batch: &ForwardBatch,
         h: &HostInputs,
         key: GraphKey,
-    ) -> Result<Vec<f32>> {
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         let rows = h.logit_rows.len() * self.model.config().vocab_size;
         if let Some(mut g) = self.graphs.take(&key) {
             if g.inputs.fits(h) {
@@ -535,7 +536,7 @@ impl CudaExecutor {
                     g.graph
                         .launch()
                         .map_err(|e| CudaError::driver("launching a decode graph", e))?;
-                    self.gpu.read_f32_at(g.logits, rows)
+                    self.gpu.read_f32_into(g.logits, rows, out)
                 });
                 self.graphs.put(key, g);
                 return r;
@@ -554,7 +555,7 @@ impl CudaExecutor {
                 graph
                     .launch()
                     .map_err(|e| CudaError::driver("launching a decode graph", e))?;
-                let out = self.gpu.read_f32_at(logits.ptr(), rows)?;
+                self.gpu.read_f32_into(logits.ptr(), rows, out)?;
                 let logits = logits.ptr();
                 self.graphs.put(
                     key,
@@ -565,7 +566,7 @@ impl CudaExecutor {
                     },
                 );
                 tracing::debug!("captured decode graph {key:?} ({} kept)", self.graphs.len());
-                Ok(out)
+                Ok(())
             }
             (body, graph) => {
                 let why = match (body, graph) {
@@ -580,12 +581,12 @@ impl CudaExecutor {
                 self.graphs.refuse(key);
                 let inputs = StepInputs::new(&self.gpu, h, None)?;
                 let logits = self.body(batch, &inputs)?;
-                self.logits_to_host(logits)
+                self.logits_to_host(logits, out)
             }
         }
     }
 
-    fn step(&mut self, batch: &ForwardBatch) -> Result<Vec<f32>> {
+    fn step(&mut self, batch: &ForwardBatch, out: &mut Vec<f32>) -> Result<()> {
         let cache = self.cache.as_ref().ok_or_else(|| {
             CudaError::Model(ModelError::Batch(
                 "forward before init_cache: no latent cache".into(),
@@ -599,31 +600,32 @@ impl CudaExecutor {
         probe::begin_step(&batch.positions);
         let h = self.host_inputs(batch);
         let r = match self.graph_key(batch, &h) {
-            Some(key) => self.step_graph(batch, &h, key),
+            Some(key) => self.step_graph(batch, &h, key, out),
             None => StepInputs::new(&self.gpu, &h, None)
                 .and_then(|inp| self.body(batch, &inp))
-                .and_then(|logits| self.logits_to_host(logits)),
+                .and_then(|logits| self.logits_to_host(logits, out)),
         };
         probe::end_step().map_err(|e| CudaError::Invalid(format!("--dump: {e}")))?;
         r
     }
 
-    /// Device logits (or none: no row wants them, or not rank 0) to the host.
-    fn logits_to_host(&self, logits: Option<DBuf<f32>>) -> Result<Vec<f32>> {
+    /// Device logits (or none: no row wants them, or not rank 0) to the host, into `out`.
+    fn logits_to_host(&self, logits: Option<DBuf<f32>>, out: &mut Vec<f32>) -> Result<()> {
         let Some(logits) = logits else {
             self.gpu.sync()?;
-            return Ok(Vec::new());
+            out.clear();
+            return Ok(());
         };
-        let out = self.gpu.to_host(&logits)?;
+        self.gpu.read_f32_into(logits.ptr(), logits.len(), out)?;
         let vocab = self.model.config().vocab_size;
         probe::probe(
             None,
             "logits",
             PathTag::None,
             &[out.len() / vocab, vocab],
-            &out,
+            out,
         );
-        Ok(out)
+        Ok(())
     }
 
     /// The step's work on the stream, from the embedding to the logits [rows, vocab] f32 of
@@ -1439,10 +1441,20 @@ impl Executor for CudaExecutor {
     }
 
     fn forward(&mut self, batch: &ForwardBatch) -> std::result::Result<Vec<f32>, ModelError> {
+        let mut out = Vec::new();
+        self.forward_into(batch, &mut out)?;
+        Ok(out)
+    }
+
+    fn forward_into(
+        &mut self,
+        batch: &ForwardBatch,
+        out: &mut Vec<f32>,
+    ) -> std::result::Result<(), ModelError> {
         // The arena step ends even if the step panics (the engine catches panics and keeps
         // serving; a step left open would hand arena views to init_cache).
         self.gpu.begin_step();
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step(batch)));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step(batch, out)));
         self.gpu.end_step();
         match r {
             Ok(r) => Ok(r?),

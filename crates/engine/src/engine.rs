@@ -207,6 +207,7 @@ impl EngineLoop {
                 for (i, &id) in step.ids.iter().enumerate() {
                     self.process_logits(id, step.row(i));
                 }
+                self.runner.recycle(step);
             }
         }
     }

@@ -56,7 +56,9 @@ fn tg(exec: &mut dyn Executor, n: usize, b: usize, rep: u64) -> Result<Run> {
     let toks: Vec<Vec<u32>> = (0..b)
         .map(|s| tokens(n + 1, vocab, rep * 7919 + s as u64 + 1000))
         .collect();
-    let step = |i: usize, exec: &mut dyn Executor| -> Result<()> {
+    // one logits buffer for all steps, as the engine keeps one (Executor::forward_into)
+    let mut logits = Vec::new();
+    let mut step = |i: usize, exec: &mut dyn Executor| -> Result<()> {
         let seqs = (0..b)
             .map(|s| SeqInput {
                 tokens: vec![toks[s][i]],
@@ -65,7 +67,10 @@ fn tg(exec: &mut dyn Executor, n: usize, b: usize, rep: u64) -> Result<Run> {
                 logits: LogitsWanted::Last,
             })
             .collect();
-        exec.forward(&ForwardBatch::new(seqs, BS, AttentionPath::Auto)?)?;
+        exec.forward_into(
+            &ForwardBatch::new(seqs, BS, AttentionPath::Auto)?,
+            &mut logits,
+        )?;
         Ok(())
     };
     step(0, exec)?;

@@ -1,6 +1,7 @@
 //! The sampler's host time a token, the part of a decode step that runs on the CPU after the
 //! logits arrive (on the GPU it is on every token's critical path): `sample` over one row of
-//! `vocab` logits, greedy and top-p, median of `iters` calls.
+//! `vocab` logits, greedy and top-p, median of `iters` calls; then a step's 64 rows one after
+//! another and across rayon's pool (as the engine samples a step of 4+ rows).
 //!
 //!   cargo run --release -p mlaserve-engine --example sampler_bench -- [vocab] [iters]
 use mlaserve_engine::rng::Rng;
@@ -85,5 +86,42 @@ fn main() {
             );
         }
         println!("  {name:<32} {:8.1} {:8.1}", us[0], us[1]);
+    }
+    use rayon::prelude::*;
+    let rows = 64;
+    let step: Vec<f32> = (0..rows).flat_map(|_| zipf.iter().copied()).collect();
+    println!(
+        "a step of {rows} Zipf rows, median of {} steps, µs: one thread / {} rayon threads",
+        iters / 10,
+        rayon::current_num_threads()
+    );
+    for (name, p) in [
+        ("greedy", SamplingParams::greedy(16)),
+        (
+            "temperature 0.8",
+            SamplingParams {
+                temperature: 0.8,
+                ..SamplingParams::greedy(16)
+            },
+        ),
+    ] {
+        let one = |i: usize| {
+            let mut r = Rng::seed_from_u64(i as u64);
+            let row = &step[i * vocab..(i + 1) * vocab];
+            sample(row, vocab, &p, &prompt, &output, &mut r).unwrap()
+        };
+        let seq = median_us(
+            || {
+                std::hint::black_box((0..rows).map(one).collect::<Vec<_>>());
+            },
+            iters / 10,
+        );
+        let par = median_us(
+            || {
+                std::hint::black_box((0..rows).into_par_iter().map(one).collect::<Vec<_>>());
+            },
+            iters / 10,
+        );
+        println!("  {name:<32} {seq:8.0} {par:8.0}");
     }
 }

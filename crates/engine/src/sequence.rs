@@ -113,15 +113,22 @@ impl Sequence {
         logits: &[f32],
         vocab_size: usize,
     ) -> Result<Sampled, SamplerError> {
+        let mut rng = self.rng.clone();
+        let r = self.sample_with(logits, vocab_size, &mut rng);
+        self.rng = rng;
+        r
+    }
+
+    /// [`Sequence::sample_next`] drawing from `rng` (a copy of this sequence's stream, to be
+    /// stored back), so that a step's rows can be sampled in parallel from shared references.
+    pub fn sample_with(
+        &self,
+        logits: &[f32],
+        vocab_size: usize,
+        rng: &mut Rng,
+    ) -> Result<Sampled, SamplerError> {
         let (prompt, output) = self.token_ids.split_at(self.prompt_len);
-        sampler::sample(
-            logits,
-            vocab_size,
-            &self.params,
-            prompt,
-            output,
-            &mut self.rng,
-        )
+        sampler::sample(logits, vocab_size, &self.params, prompt, output, rng)
     }
 
     /// Appends a sampled token.

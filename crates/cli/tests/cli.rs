@@ -425,11 +425,21 @@ fn serve_without_a_tokenizer_fails_before_loading() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("no-tokenizer.gguf");
     w.write_to(std::fs::File::create(&path).unwrap()).unwrap();
-    let out = bin()
+    let mut child = bin()
         .args(["serve", "--port", "0", "--model"])
         .arg(&path)
-        .output()
+        .env("MLASERVE_LOG", "info") // the 'loaded' line below is an info line
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
+    // a server that did not fail keeps running: stop it rather than hang the test
+    let t0 = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() && t0.elapsed().as_secs() < 60 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "stderr: {err}");
     assert!(

@@ -559,6 +559,9 @@ impl Gpu {
     /// kept memory ([`Gpu::read_f32_into`]), into a page-locked buffer (the link's speed,
     /// for reference), and that buffer copied on into kept memory.
     pub fn lab_host_reads(&self, ptr: u64, len: usize, n: usize) -> Result<[f64; 4]> {
+        if n == 0 {
+            return Err(CudaError::Invalid("lab_host_reads: 0 repetitions".into()));
+        }
         let time = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
             let mut v = Vec::with_capacity(n);
             for _ in 0..n {
@@ -575,11 +578,15 @@ impl Gpu {
         self.ctx
             .bind_to_thread()
             .map_err(|e| CudaError::driver("bind", e))?;
+        let bytes = len.max(1) * std::mem::size_of::<f32>();
         // SAFETY: a page-locked allocation of len f32, freed below.
-        let host = unsafe { drv::malloc_host(len.max(1) * 4, 0) }
+        let host = unsafe { drv::malloc_host(bytes, 0) }
             .map_err(|e| CudaError::driver("page-locked host memory", e))?;
-        // SAFETY: host holds len f32; every bit pattern is a valid f32 once copied.
-        let stage = unsafe { std::slice::from_raw_parts_mut(host.cast::<f32>(), len) };
+        // SAFETY: host holds `bytes`, zeroed here so the slice below is of initialized f32.
+        let stage = unsafe {
+            std::ptr::write_bytes(host.cast::<u8>(), 0, bytes);
+            std::slice::from_raw_parts_mut(host.cast::<f32>(), len)
+        };
         let copy = |stage: &mut [f32]| -> Result<()> {
             self.sync()?;
             // SAFETY: the caller passes a pointer into a live allocation of >= len f32.

@@ -440,13 +440,21 @@ mod tests {
                 assert_eq!(got.token_id, want.token_id, "step {step} row {id}");
             }
         }
-        // a sequence gone since the step was scheduled gets no token
+        // each stream moved on: not where its seed starts it (one draw a step, two steps)
+        for id in 0..rows {
+            let mut moved = batched.seq(id).unwrap().rng.clone();
+            let mut fresh = Rng::seed_from_u64(id);
+            assert_ne!(moved.next_u64(), fresh.next_u64(), "row {id}'s stream");
+        }
+        // a sequence gone since the step was scheduled gets no token (a parallel step)
+        let ids = vec![0, 99, 1, 2, 98];
         let step_logits = StepLogits {
-            ids: vec![0, 99],
-            logits: vec![0.0; 2 * vocab],
+            logits: vec![0.0; ids.len() * vocab],
+            ids,
             vocab_size: vocab,
         };
         let got = sample_rows(&mut batched, &step_logits, vocab);
-        assert!(got[0].is_some() && got[1].is_none());
+        let some: Vec<bool> = got.iter().map(Option::is_some).collect();
+        assert_eq!(some, [true, false, true, true, false]);
     }
 }

@@ -115,23 +115,27 @@ impl ModelRunner {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             executor.forward_into(&batch, &mut logits)
         }));
-        match result {
-            Ok(r) => r?,
+        let checked = match result {
+            Ok(Ok(())) if logits.len() != ids.len() * vocab_size => {
+                Err(ModelError::Batch(format!(
+                    "forward returned {} logits, expected {} rows of {vocab_size}",
+                    logits.len(),
+                    ids.len()
+                )))
+            }
+            Ok(r) => r,
             Err(panic) => {
                 let msg = panic
                     .downcast_ref::<&str>()
                     .map(|s| s.to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "unknown panic".into());
-                return Err(ModelError::Batch(format!("forward pass panicked: {msg}")));
+                Err(ModelError::Batch(format!("forward pass panicked: {msg}")))
             }
-        }
-        if logits.len() != ids.len() * vocab_size {
-            return Err(ModelError::Batch(format!(
-                "forward returned {} logits, expected {} rows of {vocab_size}",
-                logits.len(),
-                ids.len()
-            )));
+        };
+        if let Err(e) = checked {
+            self.spare = logits; // its memory serves the next step all the same
+            return Err(e);
         }
         Ok(StepLogits {
             ids,

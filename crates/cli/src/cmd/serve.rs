@@ -54,18 +54,22 @@ pub fn run(a: ServeArgs) -> Result<()> {
             // SIGTERM/SIGINT before the model is ready: nothing to drain, so stop now rather
             // than after a load that can take minutes (the loading thread ends with the process)
             stopped = &mut server => {
-                tracing::info!("stopped while the model was loading");
-                return stopped?;
+                let stopped = stopped?;
+                if stopped.is_ok() {
+                    tracing::info!("stopped while the model was loading");
+                }
+                return stopped; // (or the server failed, e.g. its port taken: that error)
             }
         };
         if state.set_engine(handle.clone()).is_err() {
             anyhow::bail!("engine installed twice");
         }
         tracing::info!("model ready");
-        let result = server.await?;
+        // The engine drains whatever way the server ended (a signal, an error, a panic).
+        let result = server.await;
         handle.shutdown();
         tokio::task::spawn_blocking(move || handle.wait()).await?;
-        result
+        result?
     });
     // Dropping the runtime would wait for a load still running (blocking tasks are not
     // cancelled); everything that must finish was awaited above.

@@ -73,7 +73,7 @@ pub fn tokenizer_for(path: &Path) -> Result<Tokenizer> {
     tok.with_context(|| format!("tokenizer of {}", path.display()))
 }
 
-/// Load the model onto its device, load its tokenizer, and start the engine thread.
+/// Load the model's tokenizer, then the model onto its device, and start the engine thread.
 pub fn start(args: &EngineArgs) -> Result<EngineHandle> {
     let path = args.model_path();
     // the tokenizer first: a file without one fails in a second, not after its weights load

@@ -524,16 +524,10 @@ impl Gpu {
         Ok(())
     }
 
-    /// Synchronizes, then copies `len` f32 from a raw device pointer (probes).
+    /// Synchronizes, then copies `len` f32 from a raw device pointer into fresh memory (probes).
     pub fn read_f32_at(&self, ptr: u64, len: usize) -> Result<Vec<f32>> {
-        self.sync()?;
-        let mut out = vec![0f32; len];
-        if len > 0 {
-            // SAFETY: the caller passes a pointer into a live allocation of >= len f32.
-            unsafe { drv::memcpy_dtoh_async(&mut out, ptr, self.stream.cu_stream()) }
-                .map_err(|e| CudaError::driver("copy to host", e))?;
-            self.sync()?;
-        }
+        let mut out = Vec::new();
+        self.read_f32_into(ptr, len, &mut out)?;
         Ok(out)
     }
 
@@ -543,8 +537,12 @@ impl Gpu {
     /// ms into fresh memory against 2.1 into kept memory on the H200's host, session 27).
     pub fn read_f32_into(&self, ptr: u64, len: usize, out: &mut Vec<f32>) -> Result<()> {
         self.sync()?;
-        out.truncate(len);
-        out.resize(len, 0.0);
+        if out.capacity() < len {
+            *out = vec![0.0; len]; // zeroed pages from the allocator, not a fill
+        } else {
+            out.truncate(len);
+            out.resize(len, 0.0);
+        }
         if len > 0 {
             // SAFETY: the caller passes a pointer into a live allocation of >= len f32.
             unsafe { drv::memcpy_dtoh_async(&mut out[..], ptr, self.stream.cu_stream()) }

@@ -86,6 +86,10 @@ enum Command {
         /// Decode batch sizes for tg (comma-separated): B sequences decode together.
         #[arg(short = 'b', long, value_delimiter = ',', default_value = "1")]
         batch: Vec<usize>,
+        /// What each tg step hands back: every row's argmax (greedy generation) or the whole
+        /// logits rows (a sampler at a temperature reads them).
+        #[arg(long, value_enum, default_value = "argmax")]
+        tg_logits: cmd::bench::TgLogits,
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -153,6 +157,7 @@ fn run(cli: Cli) -> Result<()> {
             n_gen,
             reps,
             batch,
+            tg_logits,
             json,
             device,
         } => {
@@ -169,6 +174,7 @@ fn run(cli: Cli) -> Result<()> {
                 n_gen,
                 &batch,
                 reps.max(1),
+                tg_logits,
                 json,
             )
         }

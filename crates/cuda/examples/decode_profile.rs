@@ -11,7 +11,8 @@
 //! ```
 //!
 //! `--forward N` first times N whole steps as the engine runs them (`forward_into`: host
-//! inputs, the graph, the logits to the host), with fresh logits and with one kept buffer, and
+//! inputs, the graph, the logits to the host), with fresh logits, with one kept buffer, and
+//! reduced to each row's argmax on the device (`forward_argmax`, greedy steps), and
 //! the logits' copy alone four ways (`Gpu::lab_host_reads`); against `--replays`, the host's
 //! part of a step.
 //!
@@ -141,8 +142,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         let mut fresh = Vec::with_capacity(n);
         let mut kept = Vec::with_capacity(n);
-        let mut buf = Vec::new();
+        let mut reduced = Vec::with_capacity(n);
+        let (mut buf, mut rows) = (Vec::new(), Vec::new());
         for _ in 0..n {
+            let t0 = std::time::Instant::now();
+            exec.forward_argmax(&step, &mut rows)?;
+            reduced.push(t0.elapsed().as_secs_f64() * 1e6);
             let t0 = std::time::Instant::now();
             drop(exec.forward(&step)?);
             fresh.push(t0.elapsed().as_secs_f64() * 1e6);
@@ -151,10 +156,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             kept.push(t0.elapsed().as_secs_f64() * 1e6);
         }
         println!(
-            "forward batch {batch} ctx {ctx}: median {:.1} µs a step with fresh logits, {:.1} with one buffer ({} f32 of logits)",
+            "forward batch {batch} ctx {ctx}: median {:.1} µs a step with fresh logits, {:.1} with one buffer ({} f32 of logits), {:.1} reduced to argmaxes on the device",
             median(fresh),
             median(kept),
-            buf.len()
+            buf.len(),
+            median(reduced)
         );
         // The logits' copy alone, four ways (Gpu::lab_host_reads), from a device buffer.
         let len = batch * vocab as usize;

@@ -224,3 +224,74 @@ extern "C" __global__ void add_rows_indexed(float* dst, const float* src, const 
     const float* s = src + (i64)blockIdx.x * n;
     for (int i = threadIdx.x; i < n; i += blockDim.x) d[i] += s[i];
 }
+
+// Each logits row reduced to what greedy sampling reads (mlaserve_model::RowArgmax, whose
+// `of` is the reference): out[r] = {the lowest index of the row's largest value among those
+// that are neither NaN nor +inf (0 if none), that value's bits (-inf if none), the lowest
+// index holding NaN or +inf (0xffffffff if none), its bits}.  logits [rows, vocab] f32.
+// grid (rows), block 1024 (a multiple of 32).
+__device__ __forceinline__ void argmax_take(float v, unsigned i, float& bv, unsigned& bi,
+                                            unsigned& badi) {
+    if (isnan(v) || v == INFINITY) {
+        badi = min(badi, i);
+    } else if (v > bv || (v == bv && i < bi)) {
+        bv = v;
+        bi = i;
+    }
+}
+extern "C" __global__ void logits_argmax(const float* logits, int vocab, uint4* out) {
+    MLA_PDL();
+    __shared__ float sv[32];
+    __shared__ unsigned si[32], sb[32];
+    const float* row = logits + (i64)blockIdx.x * vocab;
+    float bv = -INFINITY;
+    unsigned bi = 0xffffffffu, badi = 0xffffffffu;
+    if ((vocab & 3) == 0) {  // rows 16-byte aligned: float4 loads
+        const float4* r4 = reinterpret_cast<const float4*>(row);
+        for (int j = threadIdx.x; j < vocab / 4; j += blockDim.x) {
+            const float4 q = r4[j];
+            const unsigned i = 4u * j;
+            argmax_take(q.x, i, bv, bi, badi);
+            argmax_take(q.y, i + 1, bv, bi, badi);
+            argmax_take(q.z, i + 2, bv, bi, badi);
+            argmax_take(q.w, i + 3, bv, bi, badi);
+        }
+    } else {
+        for (int j = threadIdx.x; j < vocab; j += blockDim.x) argmax_take(row[j], j, bv, bi, badi);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v = __shfl_xor_sync(0xffffffffu, bv, o);
+        const unsigned i = __shfl_xor_sync(0xffffffffu, bi, o);
+        badi = min(badi, __shfl_xor_sync(0xffffffffu, badi, o));
+        if (v > bv || (v == bv && i < bi)) {
+            bv = v;
+            bi = i;
+        }
+    }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    if (lane == 0) {
+        sv[warp] = bv;
+        si[warp] = bi;
+        sb[warp] = badi;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        bv = lane < nw ? sv[lane] : -INFINITY;
+        bi = lane < nw ? si[lane] : 0xffffffffu;
+        badi = lane < nw ? sb[lane] : 0xffffffffu;
+        for (int o = 16; o > 0; o >>= 1) {
+            const float v = __shfl_xor_sync(0xffffffffu, bv, o);
+            const unsigned i = __shfl_xor_sync(0xffffffffu, bi, o);
+            badi = min(badi, __shfl_xor_sync(0xffffffffu, badi, o));
+            if (v > bv || (v == bv && i < bi)) {
+                bv = v;
+                bi = i;
+            }
+        }
+        if (lane == 0) {
+            const unsigned bad_bits = badi == 0xffffffffu ? 0u : __float_as_uint(row[badi]);
+            out[blockIdx.x] = make_uint4(bi == 0xffffffffu ? 0u : bi, __float_as_uint(bv), badi,
+                                         bad_bits);
+        }
+    }
+}

@@ -33,7 +33,9 @@ use crate::step_inputs::{HostInputs, KeyListHost, KeyListSet, StepInputs};
 use crate::weights::{GFfn, GLayer, GLinear, GMat, GMlp, GWeights};
 use mlaserve_model::layers::{dsa::top_k, rope::Rope};
 use mlaserve_model::probe::{self, PathTag};
-use mlaserve_model::{AttentionPath, Executor, ForwardBatch, Model, ModelConfig, ModelError};
+use mlaserve_model::{
+    AttentionPath, Executor, ForwardBatch, Model, ModelConfig, ModelError, RowArgmax,
+};
 use std::sync::Arc;
 
 /// Batches of at most this many tokens route on the GPU and run the experts as GEMVs over
@@ -78,6 +80,22 @@ pub struct CudaExecutor {
     moe_gpu_max: usize,
     /// Zeros that `moe_norm_route` counts its blocks in, a token each (and resets).
     route_tickets: DBuf<u32>,
+}
+
+/// A step's logits on the device (in the step arena): `[rows, vocab]` f32, and `[rows, 4]`
+/// u32 of room for their argmaxes ([`Gpu::logits_argmax`]).
+struct DevLogits {
+    rows: usize,
+    logits: DBuf<f32>,
+    argmax: DBuf<u32>,
+}
+
+/// Where a step's logits go.
+enum Sink<'a> {
+    /// Whole, into the caller's buffer ([`Executor::forward_into`]).
+    Host(&'a mut Vec<f32>),
+    /// Each row's argmax, reduced on the device ([`Executor::forward_argmax`]).
+    Argmax(&'a mut Vec<RowArgmax>),
 }
 
 /// Whether a product of M rows with bf16 weights `w` takes the in-house GEMV (gemv.rs) rather
@@ -521,22 +539,39 @@ impl CudaExecutor {
         (!self.graphs.refused(&key)).then_some(key)
     }
 
+    /// One step inside the step arena, into `sink`. The arena step ends even if the step
+    /// panics (the engine catches panics and keeps serving; a step left open would hand arena
+    /// views to init_cache).
+    fn step_into(
+        &mut self,
+        batch: &ForwardBatch,
+        sink: &mut Sink,
+    ) -> std::result::Result<(), ModelError> {
+        self.gpu.begin_step();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step(batch, sink)));
+        self.gpu.end_step();
+        match r {
+            Ok(r) => Ok(r?),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+
     /// A decode step from its graph: captured on first sight of its shape, replayed after.
     fn step_graph(
         &mut self,
         batch: &ForwardBatch,
         h: &HostInputs,
         key: GraphKey,
-        out: &mut Vec<f32>,
+        sink: &mut Sink,
     ) -> Result<()> {
-        let rows = h.logit_rows.len() * self.model.config().vocab_size;
+        let rows = h.logit_rows.len();
         if let Some(mut g) = self.graphs.take(&key) {
             if g.inputs.fits(h) {
                 let r = g.inputs.write(&self.gpu, h).and_then(|_| {
                     g.graph
                         .launch()
                         .map_err(|e| CudaError::driver("launching a decode graph", e))?;
-                    self.gpu.read_f32_into(g.logits, rows, out)
+                    self.deliver(g.logits, g.argmax, rows, sink)
                 });
                 self.graphs.put(key, g);
                 return r;
@@ -551,18 +586,19 @@ impl CudaExecutor {
         let body = self.body(batch, &inputs);
         let graph = self.gpu.end_capture();
         match (body, graph) {
-            (Ok(Some(logits)), Ok(graph)) => {
+            (Ok(Some(dev)), Ok(graph)) => {
                 graph
                     .launch()
                     .map_err(|e| CudaError::driver("launching a decode graph", e))?;
-                self.gpu.read_f32_into(logits.ptr(), rows, out)?;
-                let logits = logits.ptr();
+                let (logits, argmax) = (dev.logits.ptr(), dev.argmax.ptr());
+                self.deliver(logits, argmax, rows, sink)?;
                 self.graphs.put(
                     key,
                     DecodeGraph {
                         graph,
                         inputs,
                         logits,
+                        argmax,
                     },
                 );
                 tracing::debug!("captured decode graph {key:?} ({} kept)", self.graphs.len());
@@ -581,12 +617,12 @@ impl CudaExecutor {
                 self.graphs.refuse(key);
                 let inputs = StepInputs::new(&self.gpu, h, None)?;
                 let logits = self.body(batch, &inputs)?;
-                self.logits_to_host(logits, out)
+                self.logits_to_host(logits, sink)
             }
         }
     }
 
-    fn step(&mut self, batch: &ForwardBatch, out: &mut Vec<f32>) -> Result<()> {
+    fn step(&mut self, batch: &ForwardBatch, sink: &mut Sink) -> Result<()> {
         let cache = self.cache.as_ref().ok_or_else(|| {
             CudaError::Model(ModelError::Batch(
                 "forward before init_cache: no latent cache".into(),
@@ -600,38 +636,67 @@ impl CudaExecutor {
         probe::begin_step(&batch.positions);
         let h = self.host_inputs(batch);
         let r = match self.graph_key(batch, &h) {
-            Some(key) => self.step_graph(batch, &h, key, out),
+            Some(key) => self.step_graph(batch, &h, key, sink),
             None => StepInputs::new(&self.gpu, &h, None)
                 .and_then(|inp| self.body(batch, &inp))
-                .and_then(|logits| self.logits_to_host(logits, out)),
+                .and_then(|logits| self.logits_to_host(logits, sink)),
         };
         probe::end_step().map_err(|e| CudaError::Invalid(format!("--dump: {e}")))?;
         r
     }
 
-    /// Device logits (or none: no row wants them, or not rank 0) to the host, into `out`.
-    fn logits_to_host(&self, logits: Option<DBuf<f32>>, out: &mut Vec<f32>) -> Result<()> {
-        let Some(logits) = logits else {
+    /// Device logits (or none: no row wants them, or not rank 0) to the host, into `sink`.
+    fn logits_to_host(&self, dev: Option<DevLogits>, sink: &mut Sink) -> Result<()> {
+        let Some(dev) = dev else {
             self.gpu.sync()?;
-            out.clear();
+            match sink {
+                Sink::Host(out) => out.clear(),
+                Sink::Argmax(out) => out.clear(),
+            }
             return Ok(());
         };
-        self.gpu.read_f32_into(logits.ptr(), logits.len(), out)?;
-        let vocab = self.model.config().vocab_size;
-        probe::probe(
-            None,
-            "logits",
-            PathTag::None,
-            &[out.len() / vocab, vocab],
-            out,
-        );
+        self.deliver(dev.logits.ptr(), dev.argmax.ptr(), dev.rows, sink)?;
+        if let Sink::Host(out) = sink {
+            let vocab = self.model.config().vocab_size;
+            probe::probe(
+                None,
+                "logits",
+                PathTag::None,
+                &[out.len() / vocab, vocab],
+                out,
+            );
+        }
         Ok(())
+    }
+
+    /// `rows` logits rows at `logits` into `sink`: copied whole, or reduced on the device to
+    /// their argmaxes (in the step's `argmax` words, [rows, 4] u32) and those copied.
+    fn deliver(&self, logits: u64, argmax: u64, rows: usize, sink: &mut Sink) -> Result<()> {
+        let vocab = self.model.config().vocab_size;
+        match sink {
+            Sink::Host(out) => self.gpu.read_f32_into(logits, rows * vocab, out),
+            Sink::Argmax(out) => {
+                out.clear();
+                if rows == 0 {
+                    return self.gpu.sync();
+                }
+                self.gpu.logits_argmax(rows, logits, vocab, argmax)?;
+                let mut words = vec![0u32; rows * 4];
+                self.gpu.read_u32_into(argmax, &mut words)?;
+                out.extend(words.chunks_exact(4).map(|w| RowArgmax {
+                    token_id: w[0],
+                    max: f32::from_bits(w[1]),
+                    first_bad: (w[2] != u32::MAX).then(|| (w[2], f32::from_bits(w[3]))),
+                }));
+                Ok(())
+            }
+        }
     }
 
     /// The step's work on the stream, from the embedding to the logits [rows, vocab] f32 of
     /// `inp.logit_rows` (None when no row wants logits or on ranks other than 0). Reads
     /// nothing back to the host, so it can be captured into a CUDA graph (decode steps).
-    fn body(&self, batch: &ForwardBatch, inp: &StepInputs) -> Result<Option<DBuf<f32>>> {
+    fn body(&self, batch: &ForwardBatch, inp: &StepInputs) -> Result<Option<DevLogits>> {
         let cache = self.cache.as_ref().ok_or_else(|| {
             CudaError::Model(ModelError::Batch(
                 "forward before init_cache: no latent cache".into(),
@@ -720,7 +785,7 @@ impl CudaExecutor {
     }
 
     /// Final norm and lm_head for the rows that want logits (rank 0 only), on the device.
-    fn logits(&self, inp: &StepInputs, x: &DBuf<f32>) -> Result<Option<DBuf<f32>>> {
+    fn logits(&self, inp: &StepInputs, x: &DBuf<f32>) -> Result<Option<DevLogits>> {
         let gpu = &self.gpu;
         let cfg = self.model.config();
         let (h, rows) = (cfg.hidden_size, inp.n_logits);
@@ -743,7 +808,12 @@ impl CudaExecutor {
         )?;
         let logits = gpu.alloc::<f32>(rows * cfg.vocab_size)?;
         linear(gpu, rows, last.ptr(), &self.w.lm_head, logits.ptr(), false)?;
-        Ok(Some(logits))
+        let argmax = gpu.alloc::<u32>(rows * 4)?;
+        Ok(Some(DevLogits {
+            rows,
+            logits,
+            argmax,
+        }))
     }
 
     /// SwiGLU MLP on bf16 rows xb [m, H], accumulated into out [m, H]; `comb`: the routed
@@ -1451,15 +1521,24 @@ impl Executor for CudaExecutor {
         batch: &ForwardBatch,
         out: &mut Vec<f32>,
     ) -> std::result::Result<(), ModelError> {
-        // The arena step ends even if the step panics (the engine catches panics and keeps
-        // serving; a step left open would hand arena views to init_cache).
-        self.gpu.begin_step();
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step(batch, out)));
-        self.gpu.end_step();
-        match r {
-            Ok(r) => Ok(r?),
-            Err(panic) => std::panic::resume_unwind(panic),
+        self.step_into(batch, &mut Sink::Host(out))
+    }
+
+    fn forward_argmax(
+        &mut self,
+        batch: &ForwardBatch,
+        out: &mut Vec<RowArgmax>,
+    ) -> std::result::Result<(), ModelError> {
+        if probe::active() {
+            // probes and dumps see the logits as every other step shows them
+            let mut logits = Vec::new();
+            self.forward_into(batch, &mut logits)?;
+            let vocab = self.model.config().vocab_size;
+            out.clear();
+            out.extend(logits.chunks_exact(vocab).map(RowArgmax::of));
+            return Ok(());
         }
+        self.step_into(batch, &mut Sink::Argmax(out))
     }
 
     fn take_comm_seconds(&mut self) -> Option<f64> {

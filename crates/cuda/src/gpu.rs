@@ -552,6 +552,18 @@ impl Gpu {
         Ok(())
     }
 
+    /// Synchronizes, then fills `out` from the u32 at a raw device pointer.
+    pub fn read_u32_into(&self, ptr: u64, out: &mut [u32]) -> Result<()> {
+        self.sync()?;
+        if !out.is_empty() {
+            // SAFETY: the caller passes a pointer into a live allocation of >= out.len() u32.
+            unsafe { drv::memcpy_dtoh_async(out, ptr, self.stream.cu_stream()) }
+                .map_err(|e| CudaError::driver("copy to host", e))?;
+            self.sync()?;
+        }
+        Ok(())
+    }
+
     /// A lab's copies of `len` f32 at `ptr` to the host (examples/decode_profile.rs
     /// `--forward`), median ms of `n` each: into fresh memory ([`Gpu::read_f32_at`]), into
     /// kept memory ([`Gpu::read_f32_into`]), into a page-locked buffer (the link's speed,

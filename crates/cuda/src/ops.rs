@@ -259,6 +259,18 @@ impl Gpu {
         )
     }
 
+    /// Each of `rows` logits rows (`[rows, vocab]` f32 at `logits`) reduced to its argmax and
+    /// first unusable value: `out` holds `rows` x 4 u32 (`mlaserve_model::RowArgmax` as
+    /// [token, max bits, first bad index or u32::MAX, its bits]; elementwise.cu).
+    pub fn logits_argmax(&self, rows: usize, logits: u64, vocab: usize, out: u64) -> Result<()> {
+        let vocab = vocab as i32;
+        self.launch(
+            "logits_argmax",
+            Gpu::cfg(grid1(rows), 1024),
+            &args![logits, vocab, out],
+        )
+    }
+
     /// LayerNorm (weight w, bias b) of `rows` rows of n (stride xs) in place.
     #[allow(clippy::too_many_arguments)]
     pub fn layer_norm(

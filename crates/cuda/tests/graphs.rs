@@ -5,11 +5,14 @@
 //! decode steps are captured while every position is inside the DSA indexer's dense window
 //! and stay eager past it (its top-k runs on the host). On a host without CUDA the test
 //! prints why and passes.
+//!
+//! Steps reduced to argmaxes on the device (`forward_argmax`, graphed and eager) hand back
+//! each row's `RowArgmax::of` its logits, bit for bit.
 
 use mlaserve_cuda::CudaExecutor;
 use mlaserve_model::score::argmax;
 use mlaserve_model::{
-    AttentionPath, Executor, ForwardBatch, LoadOptions, LogitsWanted, Model, SeqInput,
+    AttentionPath, Executor, ForwardBatch, LoadOptions, LogitsWanted, Model, RowArgmax, SeqInput,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -27,10 +30,24 @@ fn load(model: &str) -> Arc<Model> {
 /// Prefills `prompts` together, then decodes greedily; sequence i stops after `steps[i]`
 /// decode steps. Returns every step's logits.
 fn run(exec: &mut CudaExecutor, prompts: &[Vec<u32>], steps: &[usize]) -> Vec<Vec<f32>> {
+    let vocab = exec.config().vocab_size;
+    run_with(exec, prompts, steps, |exec, batch| {
+        let logits = exec.forward(batch).unwrap();
+        let next = logits.chunks_exact(vocab).map(argmax).collect();
+        (logits, next)
+    })
+}
+
+/// [`run`] with each step's forward pass and next tokens from `forward`.
+fn run_with<T>(
+    exec: &mut CudaExecutor,
+    prompts: &[Vec<u32>],
+    steps: &[usize],
+    mut forward: impl FnMut(&mut CudaExecutor, &ForwardBatch) -> (T, Vec<u32>),
+) -> Vec<T> {
     let per =
         (prompts.iter().map(Vec::len).max().unwrap() + steps.iter().max().unwrap()).div_ceil(BS);
     exec.init_cache(per * prompts.len(), BS).unwrap();
-    let vocab = exec.config().vocab_size;
     let table = |i: usize| ((i * per) as u32..((i + 1) * per) as u32).collect::<Vec<u32>>();
     let mut next: Vec<Vec<u32>> = prompts.to_vec();
     let mut ctx = vec![0usize; prompts.len()];
@@ -49,12 +66,12 @@ fn run(exec: &mut CudaExecutor, prompts: &[Vec<u32>], steps: &[usize]) -> Vec<Ve
             })
             .collect();
         let batch = ForwardBatch::new(seqs, BS, AttentionPath::Auto).unwrap();
-        let logits = exec.forward(&batch).unwrap();
+        let (step_out, tokens) = forward(exec, &batch);
         for (row, &i) in live.iter().enumerate() {
             ctx[i] += next[i].len();
-            next[i] = vec![argmax(&logits[row * vocab..][..vocab])];
+            next[i] = vec![tokens[row]];
         }
-        out.push(logits);
+        out.push(step_out);
     }
     out
 }
@@ -139,6 +156,61 @@ fn decode_graphs_replay_eager_steps_exactly() {
                     graphed.cuda_graphs()
                 );
             }
+        }
+    }
+}
+
+/// Steps reduced to argmaxes on the device (`forward_argmax`: decode steps from their graphs,
+/// prefills and DSA top-k steps eager) hand back `RowArgmax::of` each logits row of the same
+/// steps run whole, bit for bit.
+#[test]
+fn device_argmax_is_the_argmax_of_the_logits() {
+    for model in ["deepseek_v2", "glm_moe_dsa"] {
+        let m = load(model);
+        let mut whole = match CudaExecutor::new(m.clone(), 0) {
+            Ok(e) => e,
+            Err(e @ mlaserve_cuda::CudaError::Unavailable(_)) => {
+                println!("SKIPPED device_argmax_is_the_argmax_of_the_logits: {e}");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let mut reduced = CudaExecutor::new(m.clone(), 0).unwrap();
+        let vocab = whole.config().vocab_size;
+        let long: Vec<u32> = (0..40).map(|i| (i * 7 % 50 + 3) as u32).collect();
+        let prompts = vec![long, vec![5, 9, 11], vec![17, 4], vec![3]];
+        let steps = [12, 6, 9, 3];
+        let want = run_with(&mut whole, &prompts, &steps, |exec, batch| {
+            let logits = exec.forward(batch).unwrap();
+            let rows: Vec<RowArgmax> = logits.chunks_exact(vocab).map(RowArgmax::of).collect();
+            let next = rows.iter().map(|r| r.token_id).collect();
+            (rows, next)
+        });
+        let mut buf = Vec::new();
+        let got = run_with(&mut reduced, &prompts, &steps, |exec, batch| {
+            exec.forward_argmax(batch, &mut buf).unwrap();
+            let next = buf.iter().map(|r| r.token_id).collect();
+            (buf.clone(), next)
+        });
+        assert_eq!(got.len(), want.len());
+        for (s, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.len(), w.len(), "{model} step {s}");
+            for (row, (a, b)) in g.iter().zip(w).enumerate() {
+                assert!(
+                    a.token_id == b.token_id
+                        && a.max.to_bits() == b.max.to_bits()
+                        && a.first_bad == b.first_bad,
+                    "{model} step {s} row {row}: device {a:?}, from the logits {b:?}"
+                );
+            }
+        }
+        println!(
+            "{model}: {} steps reduced on the device as on the host, {} decode graphs kept",
+            got.len(),
+            reduced.cuda_graphs()
+        );
+        if model == "deepseek_v2" {
+            assert!(reduced.cuda_graphs() > 0, "{model}: no step was graphed");
         }
     }
 }

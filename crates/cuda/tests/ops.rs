@@ -1373,7 +1373,7 @@ fn op_table_against_cpu() {
     // so each one's inputs are the same in a full run.
     let only = std::env::var("MLASERVE_OPS").ok();
     type Family = fn(&Gpu, &mut Rng, &mut Report);
-    let families: [(&str, Family); 9] = [
+    let families: [(&str, Family); 10] = [
         ("gemms", gemms),
         ("elementwise", elementwise),
         ("attention", attention),
@@ -1383,6 +1383,7 @@ fn op_table_against_cpu() {
         ("moe", moe),
         ("moe_grouped", moe_grouped),
         ("quantized", quantized),
+        ("argmax", logits_argmax),
     ];
     if let Some(o) = &only {
         for x in o.split(',') {
@@ -3434,5 +3435,65 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 }
             }
         }
+    }
+}
+
+/// Logits rows reduced to their argmax on the device (`logits_argmax`, what greedy steps ship
+/// to the host): every field of `RowArgmax::of` each row, over vocabularies whose rows load
+/// as float4 and as scalars, with ties, signed zeros, masked (-inf) rows and values, NaN and
+/// +inf anywhere. The error is the number of rows that differ.
+fn logits_argmax(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
+    use mlaserve_model::RowArgmax;
+    for &(rows, vocab) in &[(1, 102_400), (5, 1_001), (13, 4_096), (64, 102_400), (3, 7)] {
+        let mut x = rng.vec(rows * vocab, 8.0);
+        for r in 0..rows {
+            let row = &mut x[r * vocab..][..vocab];
+            match r % 7 {
+                1 => {
+                    let m = row.iter().cloned().fold(f32::MIN, f32::max);
+                    for _ in 0..3 {
+                        row[rng.below(vocab)] = m + 1.0; // a tie, the lowest index wins
+                    }
+                }
+                2 => row.fill(f32::NEG_INFINITY),
+                3 => row[rng.below(vocab)] = f32::NAN,
+                4 => {
+                    row[rng.below(vocab)] = f32::INFINITY;
+                    row[rng.below(vocab)] = f32::NAN;
+                }
+                5 => {
+                    row.fill(0.0);
+                    for _ in 0..vocab / 2 {
+                        row[rng.below(vocab)] = -0.0;
+                    }
+                }
+                6 => {
+                    for _ in 0..vocab / 3 {
+                        row[rng.below(vocab)] = f32::NEG_INFINITY;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let xd = gpu.upload(&x).unwrap();
+        let out = poisoned::<u32>(gpu, rows * 4);
+        gpu.logits_argmax(rows, xd.ptr(), vocab, out.ptr()).unwrap();
+        let w = gpu.to_host(&out).unwrap();
+        let differ = (0..rows)
+            .filter(|&r| {
+                let want = RowArgmax::of(&x[r * vocab..][..vocab]);
+                let bad = want
+                    .first_bad
+                    .map_or((u32::MAX, 0), |(i, v)| (i, v.to_bits()));
+                w[r * 4..][..4] != [want.token_id, want.max.to_bits(), bad.0, bad.1]
+            })
+            .count();
+        rep.check(
+            "logits_argmax",
+            format!("rows{rows} V{vocab}"),
+            "f32>u32",
+            differ as f64,
+            0.0,
+        );
     }
 }

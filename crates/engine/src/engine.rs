@@ -13,16 +13,17 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
+use std::time::Instant;
 
 use mlaserve_tokenizer::{DecodeStream, Tokenizer};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::handle::Shared;
 use crate::metrics::EngineMetrics;
-use crate::model_runner::{ModelRunner, StepLogits};
+use crate::model_runner::{ModelRunner, StepLogits, StepRows};
 use crate::request::{FinishReason, GenerateRequest, RequestEvent, RequestId, TokenLogprob, Usage};
 use crate::rng::Rng;
-use crate::sampler::{Sampled, SamplerError};
+use crate::sampler::{self, Sampled, SamplerError};
 use crate::scheduler::Scheduler;
 use crate::sequence::Sequence;
 use crate::stop::{StopMatch, StopStringMatcher};
@@ -178,6 +179,7 @@ impl EngineLoop {
 
     /// schedule → run → postprocess.
     fn step(&mut self) {
+        let t0 = Instant::now();
         let out = self.scheduler.schedule();
         for id in &out.first_admitted {
             if let Some(o) = self.outputs.get_mut(id) {
@@ -196,7 +198,10 @@ impl EngineLoop {
             return;
         }
         self.metrics.num_steps += 1;
-        match self.runner.run(&out, &self.scheduler) {
+        let t1 = Instant::now();
+        let run = self.runner.run(&out, &self.scheduler);
+        let t2 = Instant::now();
+        match run {
             Err(e) => {
                 tracing::error!(error = %e, "forward pass failed; failing its requests");
                 for s in &out.seqs {
@@ -214,6 +219,19 @@ impl EngineLoop {
                 self.runner.recycle(step);
             }
         }
+        let decode = out
+            .seqs
+            .iter()
+            .all(|s| s.num_new_tokens == 1 && s.context_len > 0);
+        let times = if decode {
+            &mut self.metrics.decode_steps
+        } else {
+            &mut self.metrics.prefill_steps
+        };
+        times.steps += 1;
+        times.tokens += out.num_batched_tokens() as u64;
+        times.forward_seconds += (t2 - t1).as_secs_f64();
+        times.host_seconds += ((t1 - t0) + t2.elapsed()).as_secs_f64();
     }
 
     /// Takes the token sampled for `id`, emits its text, and finishes the request if it stops.
@@ -366,10 +384,16 @@ fn sample_rows(
     let one = |i: usize| {
         let seq = shared.seq(step.ids[i])?;
         let mut rng = seq.rng.clone();
-        let sampled = seq.sample_with(step.row(i), vocab_size, &mut rng);
+        let sampled = match &step.rows {
+            StepRows::Argmax(a) => sampler::sample_argmax(&a[i]),
+            StepRows::Logits(_) => {
+                seq.sample_with(step.row(i).expect("a logits row"), vocab_size, &mut rng)
+            }
+        };
         Some((sampled, rng))
     };
-    let rows: Vec<_> = if step.ids.len() >= PAR_SAMPLE_ROWS {
+    let parallel = step.ids.len() >= PAR_SAMPLE_ROWS && matches!(step.rows, StepRows::Logits(_));
+    let rows: Vec<_> = if parallel {
         (0..step.ids.len()).into_par_iter().map(one).collect()
     } else {
         (0..step.ids.len()).map(one).collect()
@@ -426,7 +450,7 @@ mod tests {
                 .collect();
             let step_logits = StepLogits {
                 ids: (0..rows).collect(),
-                logits,
+                rows: StepRows::Logits(logits),
                 vocab_size: vocab,
             };
             let got = sample_rows(&mut batched, &step_logits, vocab);
@@ -434,7 +458,7 @@ mod tests {
                 let want = alone
                     .seq_mut(id)
                     .unwrap()
-                    .sample_next(step_logits.row(id as usize), vocab)
+                    .sample_next(step_logits.row(id as usize).unwrap(), vocab)
                     .unwrap();
                 let got = got[id as usize].as_ref().unwrap().as_ref().unwrap();
                 assert_eq!(got.token_id, want.token_id, "step {step} row {id}");
@@ -449,7 +473,7 @@ mod tests {
         // a sequence gone since the step was scheduled gets no token (a parallel step)
         let ids = vec![0, 99, 1, 2, 98];
         let step_logits = StepLogits {
-            logits: vec![0.0; ids.len() * vocab],
+            rows: StepRows::Logits(vec![0.0; ids.len() * vocab]),
             ids,
             vocab_size: vocab,
         };

@@ -4,6 +4,20 @@
 //! queries/hits, preemptions). Token counters count tokens the engine produced or was given:
 //! `prompt_tokens_total` adds a request's prompt length when its first token is sampled.
 
+/// Where the time of one kind of step went, summed over the steps of that kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepTimes {
+    pub steps: u64,
+    /// Tokens computed (scheduled) by those steps.
+    pub tokens: u64,
+    /// In the model runner: the batch built, the forward pass, its logits (or argmaxes)
+    /// on the host.
+    pub forward_seconds: f64,
+    /// The rest of the step on the engine thread: scheduling, sampling, detokenizing, stop
+    /// checks, sending the tokens.
+    pub host_seconds: f64,
+}
+
 /// Engine counters at one instant.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EngineMetrics {
@@ -28,6 +42,10 @@ pub struct EngineMetrics {
     pub num_failed: u64,
     /// Engine steps that ran a forward pass.
     pub num_steps: u64,
+    /// Steps whose every sequence decoded one token (a GPU replays these from CUDA graphs).
+    pub decode_steps: StepTimes,
+    /// Steps with at least one prompt chunk (prefill, possibly mixed with decodes).
+    pub prefill_steps: StepTimes,
 }
 
 impl EngineMetrics {

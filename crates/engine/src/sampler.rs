@@ -18,6 +18,8 @@
 
 use std::collections::HashMap;
 
+use mlaserve_model::RowArgmax;
+
 use crate::request::TokenLogprob;
 use crate::rng::Rng;
 use crate::sampling_params::SamplingParams;
@@ -72,10 +74,7 @@ pub fn sample(
     if max == f32::NEG_INFINITY {
         return Err(SamplerError::AllMasked);
     }
-    let penalized = params.repetition_penalty != 1.0
-        || params.presence_penalty != 0.0
-        || params.frequency_penalty != 0.0;
-    let token_id = if params.is_greedy() && !penalized {
+    let token_id = if params.is_greedy() && !params.is_penalized() {
         // argmax's lowest index among equals: the first position of the max.
         first_eq(logits, max).expect("the max is in the row") as u32
     } else {
@@ -89,6 +88,25 @@ pub fn sample(
     };
     let logprob = params.logprobs.map(|n| token_logprob(logits, token_id, n));
     Ok(Sampled { token_id, logprob })
+}
+
+/// What [`sample`] returns for a row whose parameters read only its argmax
+/// ([`SamplingParams::reads_only_argmax`]), from that row's device reduction: the same token
+/// and the same errors.
+pub fn sample_argmax(row: &RowArgmax) -> Result<Sampled, SamplerError> {
+    if let Some((index, value)) = row.first_bad {
+        return Err(SamplerError::NonFinite {
+            index: index as usize,
+            value,
+        });
+    }
+    if row.max == f32::NEG_INFINITY {
+        return Err(SamplerError::AllMasked);
+    }
+    Ok(Sampled {
+        token_id: row.token_id,
+        logprob: None,
+    })
 }
 
 /// Repetition, presence and frequency penalties, in place.
@@ -366,6 +384,61 @@ mod tests {
         assert_eq!(s.token_id, 1);
         assert_eq!(rng.next_u64(), before, "greedy must not consume the RNG");
         assert_eq!(argmax(&[f32::NEG_INFINITY, -3.0]), 1);
+    }
+
+    /// A device's argmax reduction (its reference, `RowArgmax::of`) samples what the full row
+    /// samples greedily: the same token, the same error, over ties, masks, signed zeros,
+    /// NaN and infinities, in every position of a long row.
+    #[test]
+    fn greedy_from_a_rows_argmax_is_greedy_from_the_row() {
+        let (inf, nan) = (f32::INFINITY, f32::NAN);
+        let mut rows: Vec<Vec<f32>> = vec![
+            vec![0.5, 2.0, -1.0, 2.0],
+            vec![f32::NEG_INFINITY; 5],
+            vec![f32::NEG_INFINITY, -3.0, f32::NEG_INFINITY],
+            vec![-0.0, 0.0, -0.0],
+            vec![0.0, -0.0],
+            vec![1.0, nan, 2.0, inf],
+            vec![1.0, inf, nan],
+            vec![nan, nan],
+            vec![f32::MAX, -f32::MAX, f32::MAX],
+            vec![-1e-45, -2e-45],
+        ];
+        let mut r = Rng::seed_from_u64(5);
+        for special in [nan, inf, f32::NEG_INFINITY, 9.0] {
+            for at in [0, 63, 64, 1000, 1999] {
+                let mut row: Vec<f32> = (0..2000).map(|_| (r.next_f64() * 8.0) as f32).collect();
+                row[at] = special;
+                row[(at * 7 + 3) % 2000] = 9.0; // a tie with the 9.0 specials
+                rows.push(row);
+            }
+        }
+        let p = SamplingParams::greedy(1);
+        assert!(p.reads_only_argmax());
+        for row in &rows {
+            let mut rng = Rng::seed_from_u64(1);
+            let want = sample(row, row.len(), &p, &[], &[], &mut rng);
+            let got = sample_argmax(&RowArgmax::of(row));
+            match (&got, &want) {
+                // NaN != NaN: compare the error's index and bits
+                (
+                    Err(SamplerError::NonFinite { index: a, value: x }),
+                    Err(SamplerError::NonFinite { index: b, value: y }),
+                ) => assert_eq!((a, x.to_bits()), (b, y.to_bits()), "{row:?}"),
+                _ => assert_eq!(got, want, "{row:?}"),
+            }
+        }
+        for f in [
+            |p: &mut SamplingParams| p.temperature = 0.5,
+            |p: &mut SamplingParams| p.logprobs = Some(0),
+            |p: &mut SamplingParams| p.repetition_penalty = 1.1,
+            |p: &mut SamplingParams| p.presence_penalty = 0.5,
+            |p: &mut SamplingParams| p.frequency_penalty = -0.5,
+        ] {
+            let mut p = SamplingParams::greedy(1);
+            f(&mut p);
+            assert!(!p.reads_only_argmax(), "{p:?}");
+        }
     }
 
     #[test]

@@ -82,6 +82,20 @@ impl SamplingParams {
         self.temperature < GREEDY_EPSILON
     }
 
+    /// Whether sampling reads nothing of a logits row but its argmax (and its validity
+    /// checks): greedy, no penalty, no logprobs. Such rows can be reduced on the device
+    /// ([`mlaserve_model::RowArgmax`]).
+    pub fn reads_only_argmax(&self) -> bool {
+        self.is_greedy() && self.logprobs.is_none() && !self.is_penalized()
+    }
+
+    /// Whether any repetition, presence or frequency penalty applies.
+    pub fn is_penalized(&self) -> bool {
+        self.repetition_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+    }
+
     /// Checks every field's range; the message names the offending field.
     pub fn validate(&self, vocab_size: usize) -> Result<(), String> {
         if self.max_tokens == 0 {

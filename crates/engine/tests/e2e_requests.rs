@@ -348,3 +348,30 @@ fn engine_config_is_validated_against_the_model() {
         matches!(mlaserve_engine::start_engine(model, tok, bad), Err(EngineError::InvalidRequest(m)) if m.contains("block_size"))
     );
 }
+
+/// The engine's step counters split prefill steps (a prompt chunk) from decode steps (every
+/// sequence one token), count their tokens and time them.
+#[test]
+fn step_times_split_prefill_from_decode_steps() {
+    let r = Reference::load(M);
+    let handle = start(M, test_config());
+    let prompt = &r.prompts["len13"];
+    let out = run(
+        &handle,
+        prompt,
+        SamplingParams {
+            ignore_eos: true,
+            ..greedy(16)
+        },
+    );
+    assert_eq!(out.token_ids.len(), 16);
+    assert!(eventually(|| handle.metrics().num_running == 0));
+    let m = handle.metrics();
+    let (p, d) = (m.prefill_steps, m.decode_steps);
+    assert_eq!(p.tokens, prompt.len() as u64, "{m:?}");
+    assert!(p.steps >= 1 && p.steps <= p.tokens, "{m:?}");
+    // the first token comes from the prompt's last chunk, the other 15 from decode steps
+    assert_eq!((d.steps, d.tokens), (15, 15), "{m:?}");
+    assert_eq!(p.steps + d.steps, m.num_steps);
+    assert!(p.forward_seconds > 0.0 && d.forward_seconds > 0.0 && d.host_seconds > 0.0);
+}

@@ -22,7 +22,7 @@ pub mod weights;
 
 pub use config::{Arch, Gating, IndexerConfig, ModelConfig, MoeConfig, Yarn};
 pub use error::ModelError;
-pub use executor::{CpuExecutor, Executor};
+pub use executor::{CpuExecutor, Executor, RowArgmax};
 pub use forward_batch::{AttentionPath, ForwardBatch, LogitsWanted, SeqInput};
 pub use kv_cache::LatentCache;
 pub use mlaserve_gguf as gguf;

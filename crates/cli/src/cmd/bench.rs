@@ -1,10 +1,22 @@
 //! `mlaserve bench`: llama-bench style prompt processing (pp) and generation (tg) tokens/s.
 //!
 //! pp: one batch of `p` prompt tokens into an empty cache. tg: `n` single-token decode steps
-//! after a 1-token context. Each repeated `reps` times; reported as median and spread.
+//! after a 1-token context, each handing back what greedy generation reads — every row's
+//! argmax ([`Executor::forward_argmax`]; `--tg-logits full`: the whole logits rows, as a
+//! sampler at temperature reads them). Each repeated `reps` times; reported as median and
+//! spread.
 
 use anyhow::Result;
 use mlaserve_model::{AttentionPath, Executor, ForwardBatch, LogitsWanted, SeqInput};
+
+/// What each tg step hands back to the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TgLogits {
+    /// Each row's argmax, reduced where the logits are (greedy generation).
+    Argmax,
+    /// The whole `[rows, vocab]` logits (sampling at a temperature).
+    Full,
+}
 use std::time::Instant;
 
 const BS: usize = 64;
@@ -49,15 +61,15 @@ fn pp(exec: &mut dyn Executor, p: usize, rep: u64) -> Result<Run> {
 }
 
 /// `n` decode steps of `b` sequences at once (after a 1-token context each).
-fn tg(exec: &mut dyn Executor, n: usize, b: usize, rep: u64) -> Result<Run> {
+fn tg(exec: &mut dyn Executor, n: usize, b: usize, rep: u64, out: TgLogits) -> Result<Run> {
     let per = (n + 1).div_ceil(BS);
     exec.init_cache(per * b, BS)?;
     let vocab = exec.config().vocab_size;
     let toks: Vec<Vec<u32>> = (0..b)
         .map(|s| tokens(n + 1, vocab, rep * 7919 + s as u64 + 1000))
         .collect();
-    // one logits buffer for all steps, as the engine keeps one (Executor::forward_into)
-    let mut logits = Vec::new();
+    // one output buffer for all steps, as the engine keeps one
+    let (mut logits, mut argmax) = (Vec::new(), Vec::new());
     let mut step = |i: usize, exec: &mut dyn Executor| -> Result<()> {
         let seqs = (0..b)
             .map(|s| SeqInput {
@@ -67,10 +79,11 @@ fn tg(exec: &mut dyn Executor, n: usize, b: usize, rep: u64) -> Result<Run> {
                 logits: LogitsWanted::Last,
             })
             .collect();
-        exec.forward_into(
-            &ForwardBatch::new(seqs, BS, AttentionPath::Auto)?,
-            &mut logits,
-        )?;
+        let batch = ForwardBatch::new(seqs, BS, AttentionPath::Auto)?;
+        match out {
+            TgLogits::Argmax => exec.forward_argmax(&batch, &mut argmax)?,
+            TgLogits::Full => exec.forward_into(&batch, &mut logits)?,
+        }
         Ok(())
     };
     step(0, exec)?;
@@ -105,6 +118,7 @@ pub fn run(
     n: usize,
     batches: &[usize],
     reps: usize,
+    tg_logits: TgLogits,
     json: bool,
 ) -> Result<()> {
     let threads = rayon::current_num_threads();
@@ -127,14 +141,17 @@ pub fn run(
     if n > 0 {
         for &b in batches {
             let runs = (0..reps)
-                .map(|r| tg(exec, n, b, r as u64))
+                .map(|r| tg(exec, n, b, r as u64, tg_logits))
                 .collect::<Result<Vec<_>>>()?;
             let (t, share) = collect(runs);
-            let name = if b == 1 {
+            let mut name = if b == 1 {
                 format!("tg{n}")
             } else {
                 format!("tg{n} b{b}")
             };
+            if tg_logits == TgLogits::Full {
+                name.push_str(" full logits");
+            }
             rows.push((name, t, share));
         }
     }

@@ -7,8 +7,11 @@
 //!
 //! ```text
 //! cargo run --release -p mlaserve-cuda --example decode_profile -- MODEL.gguf
-//!     [--batch 1] [--ctx 512] [--json out.json] [--replays N] [--forward N]
+//!     [--batch 1] [--ctx 512] [--prefill N] [--json out.json] [--replays N] [--forward N]
 //! ```
+//!
+//! `--prefill N` profiles a step of N new tokens a sequence instead (a prompt chunk after
+//! `--ctx` cached tokens; `--ctx 0`: whole prompts), after its whole-step time.
 //!
 //! `--forward N` first times N whole steps as the engine runs them (`forward_into`: host
 //! inputs, the graph, the logits to the host), with fresh logits, with one kept buffer, and
@@ -31,6 +34,18 @@ const COPY_GBS: f64 = 3970.0;
 
 /// Bytes a GEMM labelled "gemm MxNxK[ xB]" must move: bf16 weights and inputs, f32 out.
 fn gemm_bytes(label: &str) -> Option<f64> {
+    let [m, n, k, batch] = gemm_dims(label)?;
+    Some(batch * (n * k * 2.0 + m * k * 2.0 + m * n * 4.0))
+}
+
+/// A cuBLAS GEMM's floating-point operations, from its label.
+fn gemm_flops(label: &str) -> Option<f64> {
+    let [m, n, k, batch] = gemm_dims(label)?;
+    Some(2.0 * batch * m * n * k)
+}
+
+/// [m, n, k, batch] of a "gemm MxNxK[ xB]" label.
+fn gemm_dims(label: &str) -> Option<[f64; 4]> {
     let rest = label.strip_prefix("gemm ")?;
     let (dims, batch) = match rest.split_once(" x") {
         Some((d, b)) => (d, b.parse::<f64>().ok()?),
@@ -38,7 +53,7 @@ fn gemm_bytes(label: &str) -> Option<f64> {
     };
     let v: Vec<f64> = dims.split('x').filter_map(|x| x.parse().ok()).collect();
     let [m, n, k] = v[..] else { return None };
-    Some(batch * (n * k * 2.0 + m * k * 2.0 + m * n * 4.0))
+    Some([m, n, k, batch])
 }
 
 /// The phase trace of the last traced launch (`MLASERVE_KERNEL_TRACE=1`: common.cuh's
@@ -95,6 +110,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let arg = |name: &str| args.iter().skip_while(|a| *a != name).nth(1).cloned();
     let batch: usize = arg("--batch").map_or(Ok(1), |v| v.parse())?;
     let ctx: usize = arg("--ctx").map_or(Ok(512), |v| v.parse())?;
+    // --prefill N: the profiled step gives each sequence N new tokens (a prompt chunk after
+    // --ctx cached ones, or a whole prompt at --ctx 0) instead of one.
+    let new: usize = arg("--prefill").map_or(Ok(1), |v| v.parse())?;
     let model = Arc::new(Model::load(
         std::path::Path::new(path),
         &LoadOptions::default(),
@@ -102,7 +120,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let vocab = model.config().vocab_size as u32;
     let mut exec = CudaExecutor::new(model, 0)?;
     let bs = 16;
-    let per = (ctx + 2).div_ceil(bs);
+    let per = (ctx + new + 1).div_ceil(bs);
     exec.init_cache(per * batch, bs)?;
     let table = |i: usize| ((i * per) as u32..((i + 1) * per) as u32).collect::<Vec<u32>>();
     let mut seed = 0x2545_f491_4f6c_dd1du64;
@@ -113,7 +131,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (seed % vocab as u64) as u32
     };
     // Prefill one sequence at a time (the prompt is not what is measured).
-    for i in 0..batch {
+    for i in (0..batch).filter(|_| ctx > 0) {
         let seq = SeqInput {
             tokens: (0..ctx).map(|_| tok()).collect(),
             context_len: 0,
@@ -124,7 +142,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let seqs = (0..batch)
         .map(|i| SeqInput {
-            tokens: vec![tok()],
+            tokens: (0..new).map(|_| tok()).collect(),
             context_len: ctx,
             block_table: table(i),
             logits: LogitsWanted::Last,
@@ -132,6 +150,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     let step = ForwardBatch::new(seqs, bs, AttentionPath::Auto)?;
     exec.forward(&step)?; // a warm-up of the same shape
+    if new > 1 {
+        // the whole step as the engine runs it, for the profile's event overhead
+        let mut t: Vec<f64> = (0..5)
+            .map(|_| {
+                let t0 = std::time::Instant::now();
+                exec.forward(&step)
+                    .map(|_| t0.elapsed().as_secs_f64() * 1e3)
+            })
+            .collect::<Result<_, _>>()?;
+        t.sort_by(|a, b| a.total_cmp(b));
+        println!(
+            "prefill step of {batch} x {new} tokens at context {ctx}: median {:.2} ms ({:.0} tok/s)",
+            t[2],
+            (batch * new) as f64 / t[2] * 1e3
+        );
+    }
     if let Some(n) = arg("--forward") {
         // The whole step as the engine runs it (host inputs, graph replay, the logits to the
         // host) against --replays (the GPU's part): fresh logits each step, or one buffer.
@@ -208,20 +242,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     rows.sort_by(|a, b| b.2.total_cmp(&a.2));
     println!(
-        "{}: decode step of {batch} token(s) at context {ctx}, {}: {:.1} µs ({:.0} tok/s), {} kernels",
+        "{}: step of {batch} x {new} token(s) at context {ctx}, {}: {:.1} µs ({:.0} tok/s), {} kernels",
         exec.device(),
         if graphed { "CUDA graph" } else { "eager" },
         total,
-        batch as f64 / total * 1e6,
+        (batch * new) as f64 / total * 1e6,
         prof.len()
     );
-    println!("| label | calls | µs | share | µs/call | GB/s |");
-    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    println!("| label | calls | µs | share | µs/call | GB/s | TFLOP/s |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     let mut json_rows = Vec::new();
     for (label, calls, us) in &rows {
         let gbs = gemm_bytes(label).map(|b| b * *calls as f64 / us / 1e3);
+        let tflops = gemm_flops(label).map_or(String::new(), |f| {
+            format!("{:.0}", f * *calls as f64 / us / 1e6)
+        });
         println!(
-            "| {label} | {calls} | {us:.1} | {:.1}% | {:.2} | {} |",
+            "| {label} | {calls} | {us:.1} | {:.1}% | {:.2} | {} | {tflops} |",
             100.0 * us / total,
             us / *calls as f64,
             gbs.map_or(String::new(), |g| format!(

@@ -227,9 +227,10 @@ extern "C" __global__ void add_rows_indexed(float* dst, const float* src, const 
 
 // Each logits row reduced to what greedy sampling reads (mlaserve_model::RowArgmax, whose
 // `of` is the reference): out[r] = {the lowest index of the row's largest value among those
-// that are neither NaN nor +inf (0 if none), that value's bits (-inf if none), the lowest
-// index holding NaN or +inf (0xffffffff if none), its bits}.  logits [rows, vocab] f32.
-// grid (rows), block 1024 (a multiple of 32).
+// that are neither NaN nor +inf (0 if none is above -inf), that value's bits (-inf if none),
+// the lowest index holding NaN or +inf (0xffffffff if none), its bits}.  logits [rows, vocab]
+// f32, 16-byte aligned where vocab % 4 == 0 (float4 loads).  grid (rows), block 1024 (a
+// multiple of 32).
 __device__ __forceinline__ void argmax_take(float v, unsigned i, float& bv, unsigned& bi,
                                             unsigned& badi) {
     if (isnan(v) || v == INFINITY) {
@@ -290,7 +291,8 @@ extern "C" __global__ void logits_argmax(const float* logits, int vocab, uint4* 
         }
         if (lane == 0) {
             const unsigned bad_bits = badi == 0xffffffffu ? 0u : __float_as_uint(row[badi]);
-            out[blockIdx.x] = make_uint4(bi == 0xffffffffu ? 0u : bi, __float_as_uint(bv), badi,
+            // no value above -inf: token 0, as the reference (-inf entries set bi on ties)
+            out[blockIdx.x] = make_uint4(bv == -INFINITY ? 0u : bi, __float_as_uint(bv), badi,
                                          bad_bits);
         }
     }

@@ -373,17 +373,24 @@ impl Gpu {
             .ctx
             .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(|e| CudaError::driver("profile event", e))?;
-        // SAFETY: a live event and this context's stream; EXTERNAL makes a captured record a
-        // real event-record node of the graph.
-        unsafe {
-            cudarc::driver::sys::cuEventRecordWithFlags(
-                ev.cu_event(),
-                self.stream.cu_stream(),
-                cudarc::driver::sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32,
-            )
-        }
-        .result()
-        .map_err(|e| CudaError::driver("recording a profile event", e))?;
+        use cudarc::driver::sys;
+        let mut capture = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: this context's live stream.
+        unsafe { sys::cuStreamIsCapturing(self.stream.cu_stream(), &mut capture) }
+            .result()
+            .map_err(|e| CudaError::driver("profile event: capture status", e))?;
+        // EXTERNAL makes a captured record a real event-record node of the graph; outside a
+        // capture the flag is invalid (CUDA_ERROR_ILLEGAL_STATE: eager profiles failed with
+        // it until session 28).
+        let flags = if capture == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE {
+            sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32
+        } else {
+            0
+        };
+        // SAFETY: a live event and this context's stream.
+        unsafe { sys::cuEventRecordWithFlags(ev.cu_event(), self.stream.cu_stream(), flags) }
+            .result()
+            .map_err(|e| CudaError::driver("recording a profile event", e))?;
         v.push((label.to_string(), ev));
         Ok(())
     }

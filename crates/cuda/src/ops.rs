@@ -261,7 +261,9 @@ impl Gpu {
 
     /// Each of `rows` logits rows (`[rows, vocab]` f32 at `logits`) reduced to its argmax and
     /// first unusable value: `out` holds `rows` x 4 u32 (`mlaserve_model::RowArgmax` as
-    /// [token, max bits, first bad index or u32::MAX, its bits]; elementwise.cu).
+    /// [token, max bits, first bad index or u32::MAX, its bits]; elementwise.cu). `logits`
+    /// 16-byte aligned when `vocab % 4 == 0` (the kernel loads float4s; arena and driver
+    /// allocations are).
     pub fn logits_argmax(&self, rows: usize, logits: u64, vocab: usize, out: u64) -> Result<()> {
         let vocab = vocab as i32;
         self.launch(

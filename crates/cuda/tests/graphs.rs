@@ -199,7 +199,8 @@ fn device_argmax_is_the_argmax_of_the_logits() {
                 assert!(
                     a.token_id == b.token_id
                         && a.max.to_bits() == b.max.to_bits()
-                        && a.first_bad == b.first_bad,
+                        && a.first_bad.map(|(i, v)| (i, v.to_bits()))
+                            == b.first_bad.map(|(i, v)| (i, v.to_bits())),
                     "{model} step {s} row {row}: device {a:?}, from the logits {b:?}"
                 );
             }

@@ -2737,7 +2737,8 @@ fn moe_slices(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
 /// Grouped expert GEMM over pairs sorted on the GPU (`mlaserve_cuda::moe_grouped`): the sort
 /// exactly against a stable CPU sort (order, pos, offsets, tile prefix; experts outside the
 /// held range dropped), the GEMM (gathered rows and sorted rows; n and k with partial tiles;
-/// an expert without weights gives zeros) against the CPU in f64 of bf16 inputs.
+/// an expert without weights gives zeros) against the CPU in f64 of bf16 inputs — 64-row
+/// tiles on sm_90a by the wgmma kernel (`moe_gemm_wg`), else by mma.sync.
 fn moe_grouped(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     if !gpu.has_flash_attn() {
         println!("moe_grouped: {} has no bf16 mma, not run", gpu.arch);
@@ -2753,6 +2754,9 @@ fn moe_grouped(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         // >= 32 rows per expert on average: 64-row tiles (moe_gemm_m4).
         (400, 6, 16, 16, 0, 200, 136, Some(3)),
         (2048, 8, 64, 32, 16, 128, 64, None),
+        // V2-Lite's routing at a 600-token prefill: on sm_90a the wgmma kernel (64 x 256
+        // blocks; 384 features: a partial block), k of 8 atoms.
+        (600, 6, 64, 64, 0, 384, 512, Some(7)),
     ];
     for (t, k, experts, held, first, n, kd, missing) in cases {
         let pairs = t * k;
@@ -3471,6 +3475,11 @@ fn logits_argmax(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                     for _ in 0..vocab / 3 {
                         row[rng.below(vocab)] = f32::NEG_INFINITY;
                     }
+                }
+                // nothing usable: an unusable value, then only -inf (token 0, not 1)
+                0 if r > 0 => {
+                    row.fill(f32::NEG_INFINITY);
+                    row[0] = if r % 2 == 0 { f32::NAN } else { f32::INFINITY };
                 }
                 _ => {}
             }

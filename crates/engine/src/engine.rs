@@ -198,6 +198,15 @@ impl EngineLoop {
             return;
         }
         self.metrics.num_steps += 1;
+        // decode: every sequence computes one token past its prompt (a prompt's 1-token
+        // last chunk, or the one token a cached prefix leaves, is prefill)
+        let decode = out.seqs.iter().all(|s| {
+            s.num_new_tokens == 1
+                && self
+                    .scheduler
+                    .seq(s.id)
+                    .is_some_and(|q| s.context_len >= q.prompt_len())
+        });
         let t1 = Instant::now();
         let run = self.runner.run(&out, &self.scheduler);
         let t2 = Instant::now();
@@ -219,10 +228,6 @@ impl EngineLoop {
                 self.runner.recycle(step);
             }
         }
-        let decode = out
-            .seqs
-            .iter()
-            .all(|s| s.num_new_tokens == 1 && s.context_len > 0);
         let times = if decode {
             &mut self.metrics.decode_steps
         } else {
@@ -480,5 +485,44 @@ mod tests {
         let got = sample_rows(&mut batched, &step_logits, vocab);
         let some: Vec<bool> = got.iter().map(Option::is_some).collect();
         assert_eq!(some, [true, false, true, true, false]);
+    }
+
+    /// A step reduced to argmaxes: each row's token, the sampler's errors for a row with an
+    /// unusable value or nothing above -inf, and no token for a sequence gone since.
+    #[test]
+    fn an_argmax_steps_rows_sample_as_their_whole_rows() {
+        use mlaserve_model::RowArgmax;
+        let mut s = scheduler(0);
+        for id in 0..4 {
+            s.add(Sequence::new(
+                id,
+                id,
+                vec![1, 2],
+                SamplingParams::greedy(4),
+                0,
+            ));
+        }
+        let rows: Vec<Vec<f32>> = vec![
+            vec![0.5, 3.0, 3.0, -1.0],
+            vec![1.0, f32::NAN, 2.0, 0.0],
+            vec![f32::NEG_INFINITY; 4],
+            vec![0.0, 0.0, 0.0, 9.0],
+            vec![0.0, 1.0, 0.0, 0.0],
+        ];
+        let ids = vec![0, 1, 2, 99, 3];
+        let step = StepLogits {
+            ids: ids.clone(),
+            rows: StepRows::Argmax(rows.iter().map(|r| RowArgmax::of(r)).collect()),
+            vocab_size: 4,
+        };
+        let got = sample_rows(&mut s, &step, 4);
+        assert_eq!(got[0].clone().unwrap().unwrap().token_id, 1);
+        assert!(matches!(
+            got[1].clone().unwrap(),
+            Err(SamplerError::NonFinite { index: 1, value }) if value.is_nan()
+        ));
+        assert_eq!(got[2].clone().unwrap(), Err(SamplerError::AllMasked));
+        assert!(got[3].is_none(), "sequence 99 is gone");
+        assert_eq!(got[4].clone().unwrap().unwrap().token_id, 1);
     }
 }

@@ -42,9 +42,11 @@ pub struct EngineMetrics {
     pub num_failed: u64,
     /// Engine steps that ran a forward pass.
     pub num_steps: u64,
-    /// Steps whose every sequence decoded one token (a GPU replays these from CUDA graphs).
+    /// Steps whose every sequence computed one token past its prompt (a GPU replays these
+    /// from CUDA graphs).
     pub decode_steps: StepTimes,
-    /// Steps with at least one prompt chunk (prefill, possibly mixed with decodes).
+    /// Steps with at least one prompt chunk (prefill, possibly mixed with decodes; a prompt's
+    /// one-token last chunk counts).
     pub prefill_steps: StepTimes,
 }
 

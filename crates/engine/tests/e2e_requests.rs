@@ -349,29 +349,136 @@ fn engine_config_is_validated_against_the_model() {
     );
 }
 
-/// The engine's step counters split prefill steps (a prompt chunk) from decode steps (every
-/// sequence one token), count their tokens and time them.
+/// The engine's step counters split prefill steps (a prompt chunk, its one-token last chunk
+/// too) from decode steps (every sequence one token past its prompt), count their tokens and
+/// time them.
 #[test]
 fn step_times_split_prefill_from_decode_steps() {
     let r = Reference::load(M);
-    let handle = start(M, test_config());
     let prompt = &r.prompts["len13"];
-    let out = run(
-        &handle,
-        prompt,
-        SamplingParams {
-            ignore_eos: true,
-            ..greedy(16)
-        },
+    // 13 tokens at once, or in chunks of 4, 4, 4 and 1
+    for (budget, prefill_steps) in [(512, 1), (4, 4)] {
+        let handle = start(
+            M,
+            EngineConfig {
+                max_num_batched_tokens: budget,
+                ..test_config()
+            },
+        );
+        let out = run(
+            &handle,
+            prompt,
+            SamplingParams {
+                ignore_eos: true,
+                ..greedy(16)
+            },
+        );
+        assert_eq!(out.token_ids.len(), 16);
+        assert!(eventually(|| handle.metrics().num_running == 0));
+        let m = handle.metrics();
+        let (p, d) = (m.prefill_steps, m.decode_steps);
+        assert_eq!(
+            (p.steps, p.tokens),
+            (prefill_steps, 13),
+            "budget {budget}: {m:?}"
+        );
+        // the first token comes from the prompt's last chunk, the other 15 from decode steps
+        assert_eq!((d.steps, d.tokens), (15, 15), "budget {budget}: {m:?}");
+        assert_eq!(p.steps + d.steps, m.num_steps);
+        assert!(p.forward_seconds > 0.0 && d.forward_seconds > 0.0 && d.host_seconds > 0.0);
+    }
+}
+
+/// The model runner asks the executor for argmaxes only when every row of the step reads
+/// nothing else: one row at a temperature, with logprobs or with a penalty takes the whole
+/// logits of every row. The argmax step samples what the whole rows sample.
+#[test]
+fn a_step_is_reduced_to_argmaxes_only_when_every_row_is_plain_greedy() {
+    use mlaserve_engine::model_runner::{ModelRunner, StepRows};
+    use mlaserve_engine::scheduler::{Scheduler, SchedulerConfig};
+    use mlaserve_engine::sequence::Sequence;
+    use mlaserve_model::{CpuExecutor, Executor, ForwardBatch, ModelError, RowArgmax};
+    use std::sync::{Arc, Mutex};
+
+    /// The CPU executor, recording which of its entry points each step took.
+    struct Recording {
+        inner: CpuExecutor,
+        calls: Arc<Mutex<Vec<&'static str>>>,
+    }
+    impl Executor for Recording {
+        fn config(&self) -> &mlaserve_model::ModelConfig {
+            self.inner.config()
+        }
+        fn attention_path(&self) -> mlaserve_model::AttentionPath {
+            self.inner.attention_path()
+        }
+        fn init_cache(&mut self, n: usize, bs: usize) -> Result<(), ModelError> {
+            self.inner.init_cache(n, bs)
+        }
+        fn forward(&mut self, b: &ForwardBatch) -> Result<Vec<f32>, ModelError> {
+            self.inner.forward(b)
+        }
+        fn forward_into(&mut self, b: &ForwardBatch, out: &mut Vec<f32>) -> Result<(), ModelError> {
+            self.calls.lock().unwrap().push("logits");
+            self.inner.forward_into(b, out)
+        }
+        fn forward_argmax(
+            &mut self,
+            b: &ForwardBatch,
+            out: &mut Vec<RowArgmax>,
+        ) -> Result<(), ModelError> {
+            self.calls.lock().unwrap().push("argmax");
+            self.inner.forward_argmax(b, out)
+        }
+        fn device(&self) -> String {
+            "cpu (recording)".into()
+        }
+    }
+
+    let r = Reference::load(M);
+    let (model, _) = load(M);
+    let model = Arc::new(model);
+    type Edit = fn(&mut SamplingParams);
+    let other: [(&str, Edit); 5] = [
+        ("greedy", |_| {}),
+        ("temperature", |p| p.temperature = 0.7),
+        ("logprobs", |p| p.logprobs = Some(2)),
+        ("repetition penalty", |p| p.repetition_penalty = 1.2),
+        ("presence penalty", |p| p.presence_penalty = 0.5),
+    ];
+    let mut tokens = Vec::new();
+    for (name, f) in other {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let exec = Recording {
+            inner: CpuExecutor::new(model.clone()),
+            calls: calls.clone(),
+        };
+        let mut runner = ModelRunner::new(Box::new(exec), 64, 4).unwrap();
+        let mut sched = Scheduler::new(SchedulerConfig {
+            max_num_seqs: 4,
+            max_num_batched_tokens: 512,
+            block_size: 4,
+            num_blocks: 64,
+            enable_prefix_caching: false,
+        });
+        let mut second = greedy(4);
+        f(&mut second);
+        sched.add(Sequence::new(0, 0, r.prompts["len6"].clone(), greedy(4), 1));
+        sched.add(Sequence::new(1, 1, r.prompts["len13"].clone(), second, 2));
+        let out = sched.schedule();
+        assert_eq!(out.seqs.len(), 2, "{name}: both prompts in one step");
+        let step = runner.run(&out, &sched).unwrap();
+        let want = if name == "greedy" { "argmax" } else { "logits" };
+        assert_eq!(*calls.lock().unwrap(), [want], "{name}");
+        // the greedy row's token, however the step came back
+        let first = match &step.rows {
+            StepRows::Argmax(a) => a[0].token_id,
+            StepRows::Logits(_) => RowArgmax::of(step.row(0).unwrap()).token_id,
+        };
+        tokens.push(first);
+    }
+    assert!(
+        tokens.iter().all(|&t| t == r.greedy["len6"][0]),
+        "{tokens:?}"
     );
-    assert_eq!(out.token_ids.len(), 16);
-    assert!(eventually(|| handle.metrics().num_running == 0));
-    let m = handle.metrics();
-    let (p, d) = (m.prefill_steps, m.decode_steps);
-    assert_eq!(p.tokens, prompt.len() as u64, "{m:?}");
-    assert!(p.steps >= 1 && p.steps <= p.tokens, "{m:?}");
-    // the first token comes from the prompt's last chunk, the other 15 from decode steps
-    assert_eq!((d.steps, d.tokens), (15, 15), "{m:?}");
-    assert_eq!(p.steps + d.steps, m.num_steps);
-    assert!(p.forward_seconds > 0.0 && d.forward_seconds > 0.0 && d.host_seconds > 0.0);
 }

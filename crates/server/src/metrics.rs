@@ -345,7 +345,7 @@ fn render_engine(
     let by_kind: [(&str, &str, Field); 4] = [
         (
             "mlaserve:engine_steps_total",
-            "Engine steps, by kind (decode: every sequence decodes one token; prefill: a prompt chunk in the step).",
+            "Engine steps, by kind (decode: every sequence computes one token past its prompt; prefill: a prompt chunk in the step).",
             |t| t.steps.to_string(),
         ),
         (

@@ -320,6 +320,174 @@ MOE_GEMM_ENTRY(moe_gemm_q8_0_m4, 4, QT_Q8_0)
 MOE_GEMM_ENTRY(moe_gemm_q4_k, 1, QT_Q4_K)
 MOE_GEMM_ENTRY(moe_gemm_q4_k_m4, 4, QT_Q4_K)
 
+// The grouped GEMM of bf16 experts with 64-row tiles on sm_90a warpgroup MMA (wgmma), in
+// place of moe_gemm_m4's mma.sync: the same sorted rows, tiles (tile_off for bm = 64) and
+// result (f32 sums of bf16 products; the order of the adds within a 16-wide k-step is the
+// tensor core's). Two warpgroups a block, 256 output features a block:
+// - moe_gemm_wg: one m-tile of 64 rows; each warpgroup m64n128 (its half of the features)
+//   over the shared x tile: a stage moves 8 KB of x and 32 KB of weights for 2 MFLOP
+//   (moe_gemm_m4: 24 KB for 1 MFLOP);
+// - moe_gemm_wg2: two m-tiles of one expert (the blocks of its odd tiles exit at once; an
+//   expert's last tile may pair with none); each warpgroup m64n256 over its own x tile and
+//   the shared weights: 16 KB of x and 32 KB of weights for 4 MFLOP.
+// Shared memory from a 1024-byte-aligned base: MWG_STAGES stages of x and W [256][64] bf16,
+// each one 128-byte-swizzled atom wide (mlw_swz), copied by cp.async MWG_STAGES - 2 k-steps
+// ahead; one k-step's wgmmas stay in flight while the next is issued (the refilled stage is
+// two behind: free once the barrier shows both warpgroups waited for it). Grouped mode only;
+// grid (ceil(n / 256), max m-tiles), block 256, dynamic shared memory moe_grouped.rs's
+// wg_smem.
+#define MWG_BN 256
+#ifdef MLW_OK
+// d[128] (+)= A·B, m64n256k16, bf16 operands from shared memory, both K-major; f32.
+__device__ __forceinline__ void mwg_mma_n256(float* d, unsigned long long da, unsigned long long db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" MLW_P128 "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+        : MLW_D128(d)
+        : "l"(da), "l"(db), "r"(1)
+        : "memory");
+}
+
+template <bool PAIR>
+__device__ __forceinline__ void moe_gemm_wg_t(const unsigned long long* w_ptrs, const int* order,
+                                              const bf16* x, int x_div, int gather,
+                                              const int* offsets, const int* tile_off, int held,
+                                              int n, int k, float* out) {
+    constexpr int STAGES = PAIR ? 4 : 5, MT = PAIR ? 2 : 1;  // m-tiles a block
+    constexpr int A_BYTES = MT * 64 * 128, STAGE = A_BYTES + MWG_BN * 128;
+    constexpr int NW = PAIR ? 256 : 128;  // features a warpgroup
+    extern __shared__ __align__(1024) unsigned char mwg_raw[];
+    __shared__ int src[64 * MT];
+    const unsigned base = (mla_smem(mwg_raw) + 1023u) & ~1023u;
+    const int j = blockIdx.y;
+    if (j >= tile_off[held]) return;
+    // The expert owning m-tile j: the last e with tile_off[e] <= j (binary search).
+    int lo = 0, hi = held - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (tile_off[mid] <= j) lo = mid;
+        else hi = mid - 1;
+    }
+    const int e = lo;
+    if (PAIR && ((j - tile_off[e]) & 1)) return;  // the tile before it takes it
+    const int m0 = offsets[e] + (j - tile_off[e]) * 64;
+    const int rows = min(64 * MT, offsets[e + 1] - m0);  // of the block's 64 * MT
+    const int n0 = blockIdx.x * MWG_BN;
+    const bf16* w = (const bf16*)w_ptrs[e];
+    const int tid = threadIdx.x, wg = tid >> 7, wq = (tid >> 5) & 3, lane = tid & 31;
+    const int g = lane >> 2, qd = lane & 3;
+    if (w == nullptr) {
+        for (int i = tid; i < rows * MWG_BN; i += 256) {
+            const int r = i / MWG_BN, c = n0 + i % MWG_BN;
+            if (c < n) out[(i64)(m0 + r) * n + c] = 0.f;
+        }
+        return;
+    }
+    if (tid < 64 * MT) src[tid] = tid < rows ? (gather ? order[m0 + tid] / x_div : m0 + tid) : 0;
+    __syncthreads();
+    const int kt = (k + 63) / 64;
+    // k-step kk (64 values) of the x rows and the weight rows into stage `stage`; chunks
+    // past k, rows past the block's rows or past n are zero-filled.
+    auto load = [&](int stage, int kk) {
+        const int k0 = kk * 64;
+        const unsigned a = base + stage * STAGE, b = a + A_BYTES;
+        for (int i = tid; i < (64 * MT + MWG_BN) * 8; i += 256) {
+            const int r = i >> 3, c = i & 7;
+            const bool kin = k0 + 8 * c < k;
+            if (r < 64 * MT) {
+                const bool ok = kin && r < rows;
+                mla_cp16(a + mlw_swz(r, c), x + (ok ? (i64)src[r] * k + k0 + 8 * c : 0), ok ? 16 : 0);
+            } else {
+                const int rr = r - 64 * MT;
+                const bool ok = kin && n0 + rr < n;
+                mla_cp16(b + mlw_swz(rr, c), w + (ok ? (i64)(n0 + rr) * k + k0 + 8 * c : 0),
+                         ok ? 16 : 0);
+            }
+        }
+    };
+    // This warpgroup's rows: PAIR, its own m-tile (none past the block's rows); else all 64.
+    const int wrows = PAIR ? max(0, min(64, rows - 64 * wg)) : rows;
+#pragma unroll
+    for (int s = 0; s < STAGES - 2; s++) {
+        if (s < kt) load(s, s);
+        mla_commit();
+    }
+    float acc[NW / 2];
+#pragma unroll
+    for (int i = 0; i < NW / 2; i++) acc[i] = 0.f;
+    for (int kk = 0; kk < kt; kk++) {
+        mla_wait<STAGES - 3>();  // this thread's copies of k-step kk landed
+        mlw_proxy_fence();
+        __syncthreads();  // everyone's copies landed; both warpgroups waited for k-step kk - 2
+        const int nk = kk + STAGES - 2;
+        if (nk < kt) load(nk % STAGES, nk);
+        mla_commit();
+        if (wrows > 0) {  // uniform in the warpgroup
+            const unsigned a = base + (kk % STAGES) * STAGE;
+            const unsigned long long da = mlw_desc(a + (PAIR ? wg * 64 * 128 : 0), 16, 1024);
+            const unsigned long long db =
+                mlw_desc(a + A_BYTES + (PAIR ? 0 : wg * 128 * 128), 16, 1024);
+            mlw_pin<NW / 2>(acc);
+            mlw_fence();
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++) {
+                if constexpr (PAIR) mwg_mma_n256(acc, da + 2 * ks, db + 2 * ks);
+                else fw_mma_n128(acc, da + 2 * ks, db + 2 * ks, 1);
+            }
+            mlw_commit();
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        }
+    }
+    mlw_wait0();
+    mlw_pin<NW / 2>(acc);
+    mla_wait<0>();
+    // acc[4j + e]: row 16 wq + g (+ 8 for e >= 2) of this warpgroup's 64, feature 8j + 2 qd +
+    // (e & 1) of its NW.
+    const int r0 = 16 * wq + g, r1 = r0 + 8;
+    const i64 mw = m0 + (PAIR ? 64 * wg : 0);
+    float* o0 = out + (mw + r0) * n;
+    float* o1 = out + (mw + r1) * n;
+    const bool pairs = (n & 1) == 0;
+    const int nw0 = n0 + (PAIR ? 0 : wg * 128);
+#pragma unroll
+    for (int jj = 0; jj < NW / 8; jj++) {
+        const int c = nw0 + 8 * jj + 2 * qd;
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            if ((hh ? r1 : r0) >= wrows) continue;
+            float* o = hh ? o1 : o0;
+            const float v0 = acc[4 * jj + 2 * hh], v1 = acc[4 * jj + 2 * hh + 1];
+            if (pairs && c + 1 < n) {
+                *reinterpret_cast<float2*>(o + c) = make_float2(v0, v1);
+            } else {
+                if (c < n) o[c] = v0;
+                if (c + 1 < n) o[c + 1] = v1;
+            }
+        }
+    }
+}
+
+#define MWG_ENTRY(NAME, PAIR)                                                                  \
+    extern "C" __global__ void __launch_bounds__(256, 1)                                       \
+        NAME(const unsigned long long* w_ptrs, const int* order, const bf16* x, int x_div,    \
+             int gather, const int* offsets, const int* tile_off, int held, int n, int k,     \
+             float* out) {                                                                     \
+        MLA_PDL();                                                                             \
+        moe_gemm_wg_t<PAIR>(w_ptrs, order, x, x_div, gather, offsets, tile_off, held, n, k,   \
+                            out);                                                              \
+    }
+#else
+#define MWG_ENTRY(NAME, PAIR)                                                                  \
+    extern "C" __global__ void NAME(const unsigned long long* w_ptrs, const int* order,       \
+                                    const bf16* x, int x_div, int gather, const int* offsets, \
+                                    const int* tile_off, int held, int n, int k, float* out) { \
+        MLA_PDL();                                                                             \
+        __trap();                                                                              \
+    }
+#endif
+MWG_ENTRY(moe_gemm_wg, false)
+MWG_ENTRY(moe_gemm_wg2, true)
+
 // out[i] (+)= sum over z < splits of part[z * mn + i], z in order (deterministic).
 extern "C" __global__ void qgemm_reduce(const float* part, int splits, i64 mn, int accumulate,
                                         float* out) {
@@ -333,6 +501,18 @@ extern "C" __global__ void qgemm_reduce(const float* part, int splits, i64 mn, i
 }
 
 #else
+extern "C" __global__ void moe_gemm_wg(const unsigned long long* w_ptrs, const int* order,
+                                       const bf16* x, int x_div, int gather, const int* offsets,
+                                       const int* tile_off, int held, int n, int k, float* out) {
+    MLA_PDL();
+    __trap();
+}
+extern "C" __global__ void moe_gemm_wg2(const unsigned long long* w_ptrs, const int* order,
+                                        const bf16* x, int x_div, int gather, const int* offsets,
+                                        const int* tile_off, int held, int n, int k, float* out) {
+    MLA_PDL();
+    __trap();
+}
 extern "C" __global__ void qgemm_reduce(const float* part, int splits, i64 mn, int accumulate,
                                         float* out) {
     MLA_PDL();

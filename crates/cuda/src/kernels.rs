@@ -144,6 +144,8 @@ pub const NAMES: &[&str] = &[
     "moe_sort",
     "moe_gemm",
     "moe_gemm_m4",
+    "moe_gemm_wg",
+    "moe_gemm_wg2",
     "moe_gemm_q8_0",
     "moe_gemm_q8_0_m4",
     "moe_gemm_q4_k",

@@ -30,6 +30,26 @@ pub fn moe_tile_rows(pairs: usize, held: usize) -> usize {
     }
 }
 
+/// Features a block of the wgmma grouped GEMMs (`moe_gemm_wg`, `moe_gemm_wg2`).
+const WG_BN: usize = 256;
+
+/// The wgmma grouped GEMM for bf16 experts in 64-row tiles on `arch`, and its shared memory
+/// (its stages — wg2: 4 of x [128][64] and W [256][64] bf16; wg: 5 of x [64][64] and W — and
+/// 1 KB to align them to 1024 bytes): `moe_gemm_wg2` (two m-tiles a block: 1.3x `moe_gemm_wg`
+/// and 2.0-2.2x `moe_gemm_m4` a call in V2-Lite's prefill, bench/cuda/v2lite.md, session 28);
+/// None off sm_90a or with `MLASERVE_MOE_WGMMA=0`; `=1`: `moe_gemm_wg` (comparisons).
+fn moe_wgmma(arch: &str) -> Option<(&'static str, usize)> {
+    static PICK: std::sync::OnceLock<Option<(&'static str, usize)>> = std::sync::OnceLock::new();
+    if arch != "sm_90a" {
+        return None;
+    }
+    *PICK.get_or_init(|| match std::env::var("MLASERVE_MOE_WGMMA").as_deref() {
+        Ok("0") => None,
+        Ok("1") => Some(("moe_gemm_wg", 5 * (64 + WG_BN) * 128 + 1024)),
+        _ => Some(("moe_gemm_wg2", 4 * (128 + WG_BN) * 128 + 1024)),
+    })
+}
+
 /// M-tiles the GEMM grid provides: each expert's rows round up to whole tiles of `bm`, so
 /// at most ceil(pairs / bm) + (experts with rows).
 pub fn moe_max_tiles(pairs: usize, held: usize, bm: usize) -> usize {
@@ -113,8 +133,8 @@ impl Gpu {
     /// `w_ptrs` [held] [n, k] matrices, bf16 (`wty` None) or quantized (qgemv.rs layouts); x
     /// bf16; out f32 [pairs, n] (rows of dropped pairs untouched). Quantized experts with
     /// k % 256 == 0 go to the int8 tensor-core kernel over x quantized to int8 (Q8_0 per 32
-    /// values, Q4_K by `qmmq::x_q8u`; [`Gpu::moe_mmq`]; `MLASERVE_QMMQ=0`: never), others to
-    /// [`Gpu::moe_gemm_tiles`].
+    /// values, Q4_K by `qmmq::x_q8u`; [`Gpu::moe_mmq`]; `MLASERVE_QMMQ=0`: never), bf16 experts in
+    /// 64-row tiles on sm_90a to [`Gpu::moe_gemm_wg`], others to [`Gpu::moe_gemm_tiles`].
     #[allow(clippy::too_many_arguments)]
     pub fn moe_gemm(
         &self,
@@ -131,11 +151,59 @@ impl Gpu {
         if let Some(t) = wty.filter(|_| self.moe_mmq_fits(k)) {
             return self.moe_mmq(s, t, w_ptrs, x, x_div, gather, n, k, out);
         }
+        if wty.is_none() && moe_tile_rows(s.pairs, s.held) == 64 && moe_wgmma(self.arch).is_some()
+        {
+            return self.moe_gemm_wg(s, w_ptrs, x, x_div, gather, n, k, out);
+        }
         self.moe_gemm_tiles(s, wty, w_ptrs, x, x_div, gather, n, k, out)
     }
 
-    /// [`Gpu::moe_gemm`] on the bf16 tensor-core kernel: quantized weights dequantized tile by
-    /// tile in shared memory (the products of a bf16 upload, bit for bit).
+    /// [`Gpu::moe_gemm_tiles`] for bf16 experts in 64-row tiles on sm_90a's warpgroup MMA
+    /// (`moe_gemm_wg`: 64 x 256 a block, two warpgroups; `moe_gemm_wg2`: 128 x 256; the same
+    /// sums to f32 rounding, in the tensor core's order within a 16-wide k-step).
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_gemm_wg(
+        &self,
+        s: &SortedPairs,
+        w_ptrs: u64,
+        x: u64,
+        x_div: usize,
+        gather: bool,
+        n: usize,
+        k: usize,
+        out: u64,
+    ) -> Result<()> {
+        let bm = moe_tile_rows(s.pairs, s.held);
+        let picked = moe_wgmma(self.arch);
+        let Some((name, smem)) = picked.filter(|_| k % 8 == 0 && bm == 64) else {
+            return Err(CudaError::Invalid(format!(
+                "moe_gemm_wg needs k % 8 == 0, 64-row tiles and sm_90a (not turned off), got k={k}, {bm} rows, {}",
+                self.arch
+            )));
+        };
+        self.raise_smem(name, smem)?;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                n.div_ceil(WG_BN) as u32,
+                moe_max_tiles(s.pairs, s.held, bm) as u32,
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let (o, off, to) = (s.order.ptr(), s.offsets.ptr(), s.tile_off.ptr());
+        let (xd, ga, h) = (x_div as i32, gather as i32, s.held as i32);
+        let (n32, k32) = (n as i32, k as i32);
+        self.launch(
+            name,
+            cfg,
+            &args![w_ptrs, o, x, xd, ga, off, to, h, n32, k32, out],
+        )
+    }
+
+    /// [`Gpu::moe_gemm`] on the bf16 mma.sync tensor-core kernel: quantized weights
+    /// dequantized tile by tile in shared memory (the products of a bf16 upload on this
+    /// kernel, bit for bit).
     #[allow(clippy::too_many_arguments)]
     pub fn moe_gemm_tiles(
         &self,
@@ -157,6 +225,9 @@ impl Gpu {
             )));
         }
         let bm = moe_tile_rows(s.pairs, s.held);
+        let (o, off, to) = (s.order.ptr(), s.offsets.ptr(), s.tile_off.ptr());
+        let (xd, ga, h) = (x_div as i32, gather as i32, s.held as i32);
+        let (n32, k32) = (n as i32, k as i32);
         let smem = gemm_smem(bm, wty);
         let name = gemm_kernel(wty, bm);
         self.raise_smem(name, smem)?;
@@ -169,9 +240,6 @@ impl Gpu {
             block_dim: (128, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        let (o, off, to) = (s.order.ptr(), s.offsets.ptr(), s.tile_off.ptr());
-        let (xd, ga, h) = (x_div as i32, gather as i32, s.held as i32);
-        let (n32, k32) = (n as i32, k as i32);
         let zero = 0i32;
         self.launch(
             name,

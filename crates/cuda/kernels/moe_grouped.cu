@@ -1,13 +1,14 @@
 // MoE for batches past the GEMV path, still without a host round trip: the (token, slot)
 // pairs routed by moe_route are sorted by expert on the GPU (moe_sort), then every expert's
 // rows go through one grouped tensor-core GEMM launch per projection (moe_gemm) that reads
-// each expert's weights once per 16 rows, and moe_combine adds them back per token.
+// each expert's weights once per tile of its rows (16 or 64; 128 in moe_gemm_wg2), and
+// moe_combine adds them back per token.
 //
 // Sorted layout: order[r] is the pair at sorted row r; rows [offsets[e], offsets[e+1]) belong
 // to held expert e (local index e = id - first), ascending pair index within an expert
 // (stable, so results never depend on scheduling); pos[p] is the row of pair p, -1 for a
 // pair whose expert is not held on this rank. tile_off[e] counts the bm-row m-tiles before
-// expert e (bm = 16 or 64, the GEMM variant's rows per block); the GEMM grid is sized for
+// expert e (bm = 16 or 64, the GEMM variant's rows per m-tile); the GEMM grid is sized for
 // the most tiles any routing can need and extra blocks exit at once, so launch
 // configurations depend on the token count only (CUDA graphs).
 
@@ -324,18 +325,20 @@ MOE_GEMM_ENTRY(moe_gemm_q4_k_m4, 4, QT_Q4_K)
 // place of moe_gemm_m4's mma.sync: the same sorted rows, tiles (tile_off for bm = 64) and
 // result (f32 sums of bf16 products; the order of the adds within a 16-wide k-step is the
 // tensor core's). Two warpgroups a block, 256 output features a block:
-// - moe_gemm_wg: one m-tile of 64 rows; each warpgroup m64n128 (its half of the features)
-//   over the shared x tile: a stage moves 8 KB of x and 32 KB of weights for 2 MFLOP
+// - moe_gemm_wg2 (the executor's): two m-tiles of one expert (the blocks of its odd tiles
+//   exit at once; an expert's last tile may pair with none); each warpgroup m64n256 over its
+//   own x tile and the shared weights: 16 KB of x and 32 KB of weights a k-step for 4 MFLOP
 //   (moe_gemm_m4: 24 KB for 1 MFLOP);
-// - moe_gemm_wg2: two m-tiles of one expert (the blocks of its odd tiles exit at once; an
-//   expert's last tile may pair with none); each warpgroup m64n256 over its own x tile and
-//   the shared weights: 16 KB of x and 32 KB of weights for 4 MFLOP.
-// Shared memory from a 1024-byte-aligned base: MWG_STAGES stages of x and W [256][64] bf16,
-// each one 128-byte-swizzled atom wide (mlw_swz), copied by cp.async MWG_STAGES - 2 k-steps
-// ahead; one k-step's wgmmas stay in flight while the next is issued (the refilled stage is
-// two behind: free once the barrier shows both warpgroups waited for it). Grouped mode only;
-// grid (ceil(n / 256), max m-tiles), block 256, dynamic shared memory moe_grouped.rs's
-// wg_smem.
+// - moe_gemm_wg2_glu: moe_gemm_wg2 over a gate|up matrix with the SwiGLU in its epilogue;
+// - moe_gemm_wg: one m-tile; each warpgroup m64n128 (its half of the features) over the
+//   shared x tile: 8 KB of x and 32 KB of weights for 2 MFLOP (comparisons).
+// Shared memory from a 1024-byte-aligned base: stages of x and W [256][64] bf16, each one
+// 128-byte-swizzled atom wide (mlw_swz), copied by cp.async two k-steps ahead at fixed trip
+// counts a thread; a k-step's wgmmas are issued before the refill, and stay in flight while
+// the next k-step's are issued (the refilled stage is two behind: free once the barrier shows
+// both warpgroups waited for it). Grouped mode only; grid (ceil(n / 256), max m-tiles), block
+// 256, dynamic shared memory moe_grouped.rs's moe_wgmma. `out` 8-byte aligned (float2 stores
+// where n is even).
 #define MWG_BN 256
 #ifdef MLW_OK
 // d[128] (+)= A·B, m64n256k16, bf16 operands from shared memory, both K-major; f32.
@@ -348,11 +351,12 @@ __device__ __forceinline__ void mwg_mma_n256(float* d, unsigned long long da, un
         : "memory");
 }
 
-template <bool PAIR>
+template <bool PAIR, bool GLU>
 __device__ __forceinline__ void moe_gemm_wg_t(const unsigned long long* w_ptrs, const int* order,
                                               const bf16* x, int x_div, int gather,
                                               const int* offsets, const int* tile_off, int held,
-                                              int n, int k, float* out) {
+                                              int n, int k, float* out, bf16* act) {
+    static_assert(!GLU || PAIR, "the SwiGLU epilogue needs a warpgroup's 256 features");
     constexpr int STAGES = PAIR ? 4 : 5, MT = PAIR ? 2 : 1;  // m-tiles a block
     constexpr int A_BYTES = MT * 64 * 128, STAGE = A_BYTES + MWG_BN * 128;
     constexpr int NW = PAIR ? 256 : 128;  // features a warpgroup
@@ -372,14 +376,20 @@ __device__ __forceinline__ void moe_gemm_wg_t(const unsigned long long* w_ptrs, 
     if (PAIR && ((j - tile_off[e]) & 1)) return;  // the tile before it takes it
     const int m0 = offsets[e] + (j - tile_off[e]) * 64;
     const int rows = min(64 * MT, offsets[e + 1] - m0);  // of the block's 64 * MT
-    const int n0 = blockIdx.x * MWG_BN;
+    // GLU: n is f, the gate|up matrix [2f, k]; the block's features n0.. of the activation
+    // take gate rows n0 .. n0 + 127 and up rows f + n0 .. f + n0 + 127.
+    const int n0 = blockIdx.x * (GLU ? MWG_BN / 2 : MWG_BN);
     const bf16* w = (const bf16*)w_ptrs[e];
     const int tid = threadIdx.x, wg = tid >> 7, wq = (tid >> 5) & 3, lane = tid & 31;
     const int g = lane >> 2, qd = lane & 3;
     if (w == nullptr) {
-        for (int i = tid; i < rows * MWG_BN; i += 256) {
-            const int r = i / MWG_BN, c = n0 + i % MWG_BN;
-            if (c < n) out[(i64)(m0 + r) * n + c] = 0.f;
+        constexpr int W = GLU ? MWG_BN / 2 : MWG_BN;
+        for (int i = tid; i < rows * W; i += 256) {
+            const int r = i / W, c = n0 + i % W;
+            if (c < n) {
+                if constexpr (GLU) act[(i64)(m0 + r) * n + c] = 0;  // silu(0) * 0
+                else out[(i64)(m0 + r) * n + c] = 0.f;
+            }
         }
         return;
     }
@@ -388,21 +398,24 @@ __device__ __forceinline__ void moe_gemm_wg_t(const unsigned long long* w_ptrs, 
     const int kt = (k + 63) / 64;
     // k-step kk (64 values) of the x rows and the weight rows into stage `stage`; chunks
     // past k, rows past the block's rows or past n are zero-filled.
+    // 256 threads: thread t copies chunk t % 8 of rows t / 8 + 32 i (fixed trip counts)
     auto load = [&](int stage, int kk) {
-        const int k0 = kk * 64;
+        const int k0 = kk * 64, c = tid & 7, r8 = tid >> 3;
         const unsigned a = base + stage * STAGE, b = a + A_BYTES;
-        for (int i = tid; i < (64 * MT + MWG_BN) * 8; i += 256) {
-            const int r = i >> 3, c = i & 7;
-            const bool kin = k0 + 8 * c < k;
-            if (r < 64 * MT) {
-                const bool ok = kin && r < rows;
-                mla_cp16(a + mlw_swz(r, c), x + (ok ? (i64)src[r] * k + k0 + 8 * c : 0), ok ? 16 : 0);
-            } else {
-                const int rr = r - 64 * MT;
-                const bool ok = kin && n0 + rr < n;
-                mla_cp16(b + mlw_swz(rr, c), w + (ok ? (i64)(n0 + rr) * k + k0 + 8 * c : 0),
-                         ok ? 16 : 0);
-            }
+        const bool kin = k0 + 8 * c < k;
+#pragma unroll
+        for (int i = 0; i < 2 * MT; i++) {
+            const int r = r8 + 32 * i;
+            const bool ok = kin && r < rows;
+            mla_cp16(a + mlw_swz(r, c), x + (ok ? (i64)src[r] * k + k0 + 8 * c : 0), ok ? 16 : 0);
+        }
+#pragma unroll
+        for (int i = 0; i < MWG_BN / 32; i++) {
+            const int rr = r8 + 32 * i;
+            const int feat = GLU ? n0 + (rr & 127) : n0 + rr;
+            const int wrow = GLU && rr >= 128 ? n + feat : feat;
+            const bool ok = kin && feat < n;
+            mla_cp16(b + mlw_swz(rr, c), w + (ok ? (i64)wrow * k + k0 + 8 * c : 0), ok ? 16 : 0);
         }
     };
     // This warpgroup's rows: PAIR, its own m-tile (none past the block's rows); else all 64.
@@ -420,8 +433,6 @@ __device__ __forceinline__ void moe_gemm_wg_t(const unsigned long long* w_ptrs, 
         mlw_proxy_fence();
         __syncthreads();  // everyone's copies landed; both warpgroups waited for k-step kk - 2
         const int nk = kk + STAGES - 2;
-        if (nk < kt) load(nk % STAGES, nk);
-        mla_commit();
         if (wrows > 0) {  // uniform in the warpgroup
             const unsigned a = base + (kk % STAGES) * STAGE;
             const unsigned long long da = mlw_desc(a + (PAIR ? wg * 64 * 128 : 0), 16, 1024);
@@ -435,8 +446,11 @@ __device__ __forceinline__ void moe_gemm_wg_t(const unsigned long long* w_ptrs, 
                 else fw_mma_n128(acc, da + 2 * ks, db + 2 * ks, 1);
             }
             mlw_commit();
-            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
         }
+        // the k-step's wgmmas issued first, then the refill (stage kk - 2: neither in flight)
+        if (nk < kt) load(nk % STAGES, nk);
+        mla_commit();
+        if (wrows > 0) asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
     }
     mlw_wait0();
     mlw_pin<NW / 2>(acc);
@@ -445,6 +459,26 @@ __device__ __forceinline__ void moe_gemm_wg_t(const unsigned long long* w_ptrs, 
     // (e & 1) of its NW.
     const int r0 = 16 * wq + g, r1 = r0 + 8;
     const i64 mw = m0 + (PAIR ? 64 * wg : 0);
+    if constexpr (GLU) {
+        // feature c's gate sum at acc[4jj + e], its up sum 128 features on (jj + 16):
+        // act = bf16(silu(gate) * up), silu_mul_bf16's arithmetic.
+#pragma unroll
+        for (int jj = 0; jj < 16; jj++) {
+            const int c = n0 + 8 * jj + 2 * qd;
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int r = hh ? r1 : r0;
+                if (r >= wrows) continue;
+#pragma unroll
+                for (int e2 = 0; e2 < 2; e2++) {
+                    if (c + e2 >= n) continue;
+                    const float gv = acc[4 * jj + 2 * hh + e2], uv = acc[4 * (jj + 16) + 2 * hh + e2];
+                    act[(mw + r) * n + c + e2] = f2bf(gv / (1.f + __expf(-gv)) * uv);
+                }
+            }
+        }
+        return;
+    }
     float* o0 = out + (mw + r0) * n;
     float* o1 = out + (mw + r1) * n;
     const bool pairs = (n & 1) == 0;
@@ -473,8 +507,8 @@ __device__ __forceinline__ void moe_gemm_wg_t(const unsigned long long* w_ptrs, 
              int gather, const int* offsets, const int* tile_off, int held, int n, int k,     \
              float* out) {                                                                     \
         MLA_PDL();                                                                             \
-        moe_gemm_wg_t<PAIR>(w_ptrs, order, x, x_div, gather, offsets, tile_off, held, n, k,   \
-                            out);                                                              \
+        moe_gemm_wg_t<PAIR, false>(w_ptrs, order, x, x_div, gather, offsets, tile_off, held,  \
+                                   n, k, out, nullptr);                                        \
     }
 #else
 #define MWG_ENTRY(NAME, PAIR)                                                                  \
@@ -487,6 +521,28 @@ __device__ __forceinline__ void moe_gemm_wg_t(const unsigned long long* w_ptrs, 
 #endif
 MWG_ENTRY(moe_gemm_wg, false)
 MWG_ENTRY(moe_gemm_wg2, true)
+
+// moe_gemm_wg2 over a gate|up matrix [2f, k] with the SwiGLU in its epilogue: act [rows, f]
+// bf16 = silu(gate) * up, no f32 [rows, 2f] and no silu_mul_bf16 launch. grid (ceil(f / 128),
+// max m-tiles); a block's 256 weight rows are 128 gate and the 128 up rows f apart.
+#ifdef MLW_OK
+extern "C" __global__ void __launch_bounds__(256, 1)
+    moe_gemm_wg2_glu(const unsigned long long* w_ptrs, const int* order, const bf16* x,
+                     int x_div, int gather, const int* offsets, const int* tile_off, int held,
+                     int f, int k, bf16* act) {
+    MLA_PDL();
+    moe_gemm_wg_t<true, true>(w_ptrs, order, x, x_div, gather, offsets, tile_off, held, f, k,
+                              nullptr, act);
+}
+#else
+extern "C" __global__ void moe_gemm_wg2_glu(const unsigned long long* w_ptrs, const int* order,
+                                            const bf16* x, int x_div, int gather,
+                                            const int* offsets, const int* tile_off, int held,
+                                            int f, int k, bf16* act) {
+    MLA_PDL();
+    __trap();
+}
+#endif
 
 // out[i] (+)= sum over z < splits of part[z * mn + i], z in order (deterministic).
 extern "C" __global__ void qgemm_reduce(const float* part, int splits, i64 mn, int accumulate,
@@ -510,6 +566,13 @@ extern "C" __global__ void moe_gemm_wg(const unsigned long long* w_ptrs, const i
 extern "C" __global__ void moe_gemm_wg2(const unsigned long long* w_ptrs, const int* order,
                                         const bf16* x, int x_div, int gather, const int* offsets,
                                         const int* tile_off, int held, int n, int k, float* out) {
+    MLA_PDL();
+    __trap();
+}
+extern "C" __global__ void moe_gemm_wg2_glu(const unsigned long long* w_ptrs, const int* order,
+                                            const bf16* x, int x_div, int gather,
+                                            const int* offsets, const int* tile_off, int held,
+                                            int f, int k, bf16* act) {
     MLA_PDL();
     __trap();
 }

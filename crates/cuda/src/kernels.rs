@@ -146,6 +146,7 @@ pub const NAMES: &[&str] = &[
     "moe_gemm_m4",
     "moe_gemm_wg",
     "moe_gemm_wg2",
+    "moe_gemm_wg2_glu",
     "moe_gemm_q8_0",
     "moe_gemm_q8_0_m4",
     "moe_gemm_q4_k",

@@ -20,8 +20,9 @@ use cudarc::driver::LaunchConfig;
 pub const MOE_SORT_MAX_PAIRS: usize = 16384;
 const BN: usize = 128;
 
-/// Rows per GEMM block for `pairs` rows over `held` experts: 64 (moe_gemm_m4) when the
-/// experts average 32 rows or more, else 16 (moe_gemm). A function of the shape only.
+/// Rows per GEMM m-tile for `pairs` rows over `held` experts: 64 (moe_gemm_m4, or on sm_90a
+/// for bf16 the wgmma kernels) when the experts average 32 rows or more, else 16 (moe_gemm).
+/// A function of the shape only.
 pub fn moe_tile_rows(pairs: usize, held: usize) -> usize {
     if pairs >= 32 * held.max(1) {
         64
@@ -35,8 +36,8 @@ const WG_BN: usize = 256;
 
 /// The wgmma grouped GEMM for bf16 experts in 64-row tiles on `arch`, and its shared memory
 /// (its stages — wg2: 4 of x [128][64] and W [256][64] bf16; wg: 5 of x [64][64] and W — and
-/// 1 KB to align them to 1024 bytes): `moe_gemm_wg2` (two m-tiles a block: 1.3x `moe_gemm_wg`
-/// and 2.0-2.2x `moe_gemm_m4` a call in V2-Lite's prefill, bench/cuda/v2lite.md, session 28);
+/// 1 KB to align them to 1024 bytes): `moe_gemm_wg2` (two m-tiles a block: 1.4x `moe_gemm_wg`
+/// in run 5, 2.5-2.8x `moe_gemm_m4` a call in V2-Lite's prefill since run 6, bench/cuda/v2lite.md);
 /// None off sm_90a or with `MLASERVE_MOE_WGMMA=0`; `=1`: `moe_gemm_wg` (comparisons).
 fn moe_wgmma(arch: &str) -> Option<(&'static str, usize)> {
     static PICK: std::sync::OnceLock<Option<(&'static str, usize)>> = std::sync::OnceLock::new();
@@ -131,7 +132,7 @@ impl Gpu {
     /// Grouped expert GEMM over the sorted rows of `s`: out[r, :n] = W_e[:n, :k] · x[src(r), :k]
     /// for every held expert e and row r of e, src(r) = order[r] / x_div when `gather` else r.
     /// `w_ptrs` [held] [n, k] matrices, bf16 (`wty` None) or quantized (qgemv.rs layouts); x
-    /// bf16; out f32 [pairs, n] (rows of dropped pairs untouched). Quantized experts with
+    /// bf16; out f32 [pairs, n], 8-byte aligned (rows of dropped pairs untouched). Quantized experts with
     /// k % 256 == 0 go to the int8 tensor-core kernel over x quantized to int8 (Q8_0 per 32
     /// values, Q4_K by `qmmq::x_q8u`; [`Gpu::moe_mmq`]; `MLASERVE_QMMQ=0`: never), bf16 experts in
     /// 64-row tiles on sm_90a to [`Gpu::moe_gemm_wg`], others to [`Gpu::moe_gemm_tiles`].
@@ -151,11 +152,61 @@ impl Gpu {
         if let Some(t) = wty.filter(|_| self.moe_mmq_fits(k)) {
             return self.moe_mmq(s, t, w_ptrs, x, x_div, gather, n, k, out);
         }
-        if wty.is_none() && moe_tile_rows(s.pairs, s.held) == 64 && moe_wgmma(self.arch).is_some()
-        {
+        if wty.is_none() && moe_tile_rows(s.pairs, s.held) == 64 && moe_wgmma(self.arch).is_some() {
             return self.moe_gemm_wg(s, w_ptrs, x, x_div, gather, n, k, out);
         }
         self.moe_gemm_tiles(s, wty, w_ptrs, x, x_div, gather, n, k, out)
+    }
+
+    /// Whether [`Gpu::moe_gemm_glu`] takes `pairs` rows over `held` bf16 experts: 64-row
+    /// tiles on sm_90a with `moe_gemm_wg2` picked, unless `MLASERVE_MOE_GLU=0`.
+    pub fn moe_glu_fits(&self, pairs: usize, held: usize) -> bool {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| std::env::var("MLASERVE_MOE_GLU").map_or(true, |v| v != "0"))
+            && moe_tile_rows(pairs, held) == 64
+            && moe_wgmma(self.arch).is_some_and(|(name, _)| name == "moe_gemm_wg2")
+    }
+
+    /// The gate|up product of bf16 experts with the SwiGLU in its epilogue (`moe_gemm_wg2_glu`):
+    /// act[r, :f] = bf16(silu(g) * u), (g, u) = the rows 0..f and f..2f of W_e [2f, k] times
+    /// x[src(r)] — what [`Gpu::moe_gemm`] into f32 [pairs, 2f] then `silu_mul` give.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_gemm_glu(
+        &self,
+        s: &SortedPairs,
+        w_ptrs: u64,
+        x: u64,
+        x_div: usize,
+        gather: bool,
+        f: usize,
+        k: usize,
+        act: u64,
+    ) -> Result<()> {
+        if k % 8 != 0 || !self.moe_glu_fits(s.pairs, s.held) {
+            return Err(CudaError::Invalid(format!(
+                "moe_gemm_glu needs k % 8 == 0, 64-row tiles, sm_90a, moe_gemm_wg2 and not MLASERVE_MOE_GLU=0, got k={k}, {} pairs of {} experts, {}",
+                s.pairs, s.held, self.arch
+            )));
+        }
+        let (_, smem) = moe_wgmma(self.arch).expect("moe_glu_fits: wg2 picked");
+        self.raise_smem("moe_gemm_wg2_glu", smem)?;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                f.div_ceil(WG_BN / 2) as u32,
+                moe_max_tiles(s.pairs, s.held, 64) as u32,
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let (o, off, to) = (s.order.ptr(), s.offsets.ptr(), s.tile_off.ptr());
+        let (xd, ga, h) = (x_div as i32, gather as i32, s.held as i32);
+        let (f32_, k32) = (f as i32, k as i32);
+        self.launch(
+            "moe_gemm_wg2_glu",
+            cfg,
+            &args![w_ptrs, o, x, xd, ga, off, to, h, f32_, k32, act],
+        )
     }
 
     /// [`Gpu::moe_gemm_tiles`] for bf16 experts in 64-row tiles on sm_90a's warpgroup MMA
@@ -177,7 +228,7 @@ impl Gpu {
         let picked = moe_wgmma(self.arch);
         let Some((name, smem)) = picked.filter(|_| k % 8 == 0 && bm == 64) else {
             return Err(CudaError::Invalid(format!(
-                "moe_gemm_wg needs k % 8 == 0, 64-row tiles and sm_90a (not turned off), got k={k}, {bm} rows, {}",
+                "the wgmma grouped GEMM needs k % 8 == 0, 64-row tiles and sm_90a (and not MLASERVE_MOE_WGMMA=0), got k={k}, {bm} rows, {}",
                 self.arch
             )));
         };

@@ -2844,6 +2844,30 @@ fn moe_grouped(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 1e-5,
             );
         }
+        // The SwiGLU in the gate|up product's epilogue (the matrices as [2f, k], f = n / 2;
+        // sm_90a, unless MLASERVE_MOE_GLU=0): bit for bit the product into f32 then silu_mul.
+        if gpu.moe_glu_fits(pairs, held) && n % 2 == 0 {
+            let f = n / 2;
+            let xs: Vec<u16> = rng.vec(t * kd, 1.0).iter().map(|&v| bf(v)).collect();
+            let xsd = gpu.upload(&xs).unwrap();
+            let gu = poisoned::<f32>(gpu, pairs * n);
+            gpu.moe_gemm(&sorted, None, pd.ptr(), xsd.ptr(), k, true, n, kd, gu.ptr())
+                .unwrap();
+            let want = poisoned::<u16>(gpu, pairs * f);
+            gpu.silu_mul(gu.ptr(), want.ptr(), f, valid).unwrap();
+            let got = poisoned::<u16>(gpu, pairs * f);
+            gpu.moe_gemm_glu(&sorted, pd.ptr(), xsd.ptr(), k, true, f, kd, got.ptr())
+                .unwrap();
+            let (got, want) = (gpu.to_host(&got).unwrap(), gpu.to_host(&want).unwrap());
+            let mism = (0..valid * f).filter(|&i| got[i] != want[i]).count();
+            rep.check(
+                "moe_gemm_glu",
+                format!("{name} f{f}"),
+                "bf16>bf16",
+                mism as f64,
+                0.0,
+            );
+        }
     }
 }
 

@@ -232,7 +232,11 @@ mod tests {
                     x ^= x << 17;
                     // many ties, and zeros of both signs
                     let v = ((x % 8) as f32) - 4.0;
-                    row.push(if v == 0.0 && x.is_multiple_of(3) { -0.0 } else { v });
+                    row.push(if v == 0.0 && x.is_multiple_of(3) {
+                        -0.0
+                    } else {
+                        v
+                    });
                 }
                 let at = (x as usize) % len;
                 row[at] = special;

@@ -283,21 +283,25 @@ impl CudaExecutor {
         let pairs = t * k;
         let (ids, w) = self.route_on_gpu(m, mc, t, logits, 0)?;
         let sorted = gpu.moe_sort(pairs, ids.ptr(), m.first_expert, m.experts.len())?;
-        let gu = gpu.alloc::<f32>(pairs * 2 * f)?;
         let (gate_up, down) = (m.gate_up_ptrs.ptr(), m.down_ptrs.ptr());
-        gpu.moe_gemm(
-            &sorted,
-            m.gate_up_ty,
-            gate_up,
-            hnb.ptr(),
-            k,
-            true,
-            2 * f,
-            h,
-            gu.ptr(),
-        )?;
         let act = gpu.alloc::<u16>(pairs * f)?;
-        gpu.silu_mul(gu.ptr(), act.ptr(), f, pairs)?;
+        if m.gate_up_ty.is_none() && gpu.moe_glu_fits(pairs, m.experts.len()) {
+            gpu.moe_gemm_glu(&sorted, gate_up, hnb.ptr(), k, true, f, h, act.ptr())?;
+        } else {
+            let gu = gpu.alloc::<f32>(pairs * 2 * f)?;
+            gpu.moe_gemm(
+                &sorted,
+                m.gate_up_ty,
+                gate_up,
+                hnb.ptr(),
+                k,
+                true,
+                2 * f,
+                h,
+                gu.ptr(),
+            )?;
+            gpu.silu_mul(gu.ptr(), act.ptr(), f, pairs)?;
+        }
         let y = gpu.alloc::<f32>(pairs * h)?;
         gpu.moe_gemm(&sorted, m.down_ty, down, act.ptr(), 1, false, h, f, y.ptr())?;
         gpu.moe_combine(t, out, y.ptr(), sorted.pos.ptr(), w.ptr(), k, h)?;

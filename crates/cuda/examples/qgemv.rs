@@ -752,6 +752,9 @@ fn grouped(gpu: &Gpu, rows_json: &mut Vec<serde_json::Value>, table: &mut Vec<St
                     let (p, xp, o) = (ptrs[i % nc].ptr(), x.ptr(), out.ptr());
                     match wty {
                         Some(t) if mmq => gpu.moe_mmq(&sorted, *t, p, xp, top, true, n, k, o),
+                        // bf16 as the executor runs it (the wgmma kernel on sm_90a in 64-row
+                        // tiles), not the tile kernel the quantized rows below take
+                        None => gpu.moe_gemm(&sorted, None, p, xp, top, true, n, k, o),
                         _ => gpu.moe_gemm_tiles(&sorted, *wty, p, xp, top, true, n, k, o),
                     }
                 },

@@ -240,6 +240,19 @@ __device__ __forceinline__ void argmax_take(float v, unsigned i, float& bv, unsi
         bi = i;
     }
 }
+// The warp's (max, its lowest index, lowest unusable index) in every lane: the same rules
+// as argmax_take across lanes.
+__device__ __forceinline__ void argmax_warp(float& bv, unsigned& bi, unsigned& badi) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v = __shfl_xor_sync(0xffffffffu, bv, o);
+        const unsigned i = __shfl_xor_sync(0xffffffffu, bi, o);
+        badi = min(badi, __shfl_xor_sync(0xffffffffu, badi, o));
+        if (v > bv || (v == bv && i < bi)) {
+            bv = v;
+            bi = i;
+        }
+    }
+}
 extern "C" __global__ void logits_argmax(const float* logits, int vocab, uint4* out) {
     MLA_PDL();
     __shared__ float sv[32];
@@ -260,15 +273,7 @@ extern "C" __global__ void logits_argmax(const float* logits, int vocab, uint4* 
     } else {
         for (int j = threadIdx.x; j < vocab; j += blockDim.x) argmax_take(row[j], j, bv, bi, badi);
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        const float v = __shfl_xor_sync(0xffffffffu, bv, o);
-        const unsigned i = __shfl_xor_sync(0xffffffffu, bi, o);
-        badi = min(badi, __shfl_xor_sync(0xffffffffu, badi, o));
-        if (v > bv || (v == bv && i < bi)) {
-            bv = v;
-            bi = i;
-        }
-    }
+    argmax_warp(bv, bi, badi);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     if (lane == 0) {
         sv[warp] = bv;
@@ -280,15 +285,7 @@ extern "C" __global__ void logits_argmax(const float* logits, int vocab, uint4* 
         bv = lane < nw ? sv[lane] : -INFINITY;
         bi = lane < nw ? si[lane] : 0xffffffffu;
         badi = lane < nw ? sb[lane] : 0xffffffffu;
-        for (int o = 16; o > 0; o >>= 1) {
-            const float v = __shfl_xor_sync(0xffffffffu, bv, o);
-            const unsigned i = __shfl_xor_sync(0xffffffffu, bi, o);
-            badi = min(badi, __shfl_xor_sync(0xffffffffu, badi, o));
-            if (v > bv || (v == bv && i < bi)) {
-                bv = v;
-                bi = i;
-            }
-        }
+        argmax_warp(bv, bi, badi);
         if (lane == 0) {
             const unsigned bad_bits = badi == 0xffffffffu ? 0u : __float_as_uint(row[badi]);
             // no value above -inf: token 0, as the reference (-inf entries set bi on ties)

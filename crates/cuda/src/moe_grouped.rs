@@ -189,23 +189,19 @@ impl Gpu {
             )));
         }
         let (_, smem) = moe_wgmma(self.arch).expect("moe_glu_fits: wg2 picked");
-        self.raise_smem("moe_gemm_wg2_glu", smem)?;
-        let cfg = LaunchConfig {
-            grid_dim: (
-                f.div_ceil(WG_BN / 2) as u32,
-                moe_max_tiles(s.pairs, s.held, 64) as u32,
-                1,
-            ),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: smem as u32,
-        };
-        let (o, off, to) = (s.order.ptr(), s.offsets.ptr(), s.tile_off.ptr());
-        let (xd, ga, h) = (x_div as i32, gather as i32, s.held as i32);
-        let (f32_, k32) = (f as i32, k as i32);
-        self.launch(
+        let blocks = f.div_ceil(WG_BN / 2);
+        self.launch_wg(
             "moe_gemm_wg2_glu",
-            cfg,
-            &args![w_ptrs, o, x, xd, ga, off, to, h, f32_, k32, act],
+            smem,
+            blocks,
+            s,
+            w_ptrs,
+            x,
+            x_div,
+            gather,
+            f,
+            k,
+            act,
         )
     }
 
@@ -232,13 +228,31 @@ impl Gpu {
                 self.arch
             )));
         };
+        let blocks = n.div_ceil(WG_BN);
+        self.launch_wg(name, smem, blocks, s, w_ptrs, x, x_div, gather, n, k, out)
+    }
+
+    /// One launch of a wgmma grouped-GEMM kernel (`moe_gemm_wg`, `moe_gemm_wg2`,
+    /// `moe_gemm_wg2_glu`: the same arguments, `n` and `out` the glu's f and act): `blocks`
+    /// column blocks x the m-tiles any routing of `s` can need (64-row tiles), 256 threads.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_wg(
+        &self,
+        name: &'static str,
+        smem: usize,
+        blocks: usize,
+        s: &SortedPairs,
+        w_ptrs: u64,
+        x: u64,
+        x_div: usize,
+        gather: bool,
+        n: usize,
+        k: usize,
+        out: u64,
+    ) -> Result<()> {
         self.raise_smem(name, smem)?;
         let cfg = LaunchConfig {
-            grid_dim: (
-                n.div_ceil(WG_BN) as u32,
-                moe_max_tiles(s.pairs, s.held, bm) as u32,
-                1,
-            ),
+            grid_dim: (blocks as u32, moe_max_tiles(s.pairs, s.held, 64) as u32, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: smem as u32,
         };

@@ -59,24 +59,11 @@ pub fn sample(
         });
     }
     // One pass for the checks (and, with no penalty, greedy's answer): this runs on the
-    // host after every decode step, on each token's critical path.
-    let (max, bad) = max_and_bad(logits);
-    if bad {
-        let index = logits
-            .iter()
-            .position(|v| v.is_nan() || *v == f32::INFINITY)
-            .expect("max_and_bad saw one");
-        return Err(SamplerError::NonFinite {
-            index,
-            value: logits[index],
-        });
-    }
-    if max == f32::NEG_INFINITY {
-        return Err(SamplerError::AllMasked);
-    }
+    // host after every decode step, on each token's critical path. The reduction and checks
+    // of a row reduced on a device (sample_argmax), so the two agree by construction.
+    let greedy = sample_argmax(&RowArgmax::of(logits))?.token_id;
     let token_id = if params.is_greedy() && !params.is_penalized() {
-        // argmax's lowest index among equals: the first position of the max.
-        first_eq(logits, max).expect("the max is in the row") as u32
+        greedy
     } else {
         let mut work = logits.to_vec();
         apply_penalties(&mut work, params, prompt, output);
@@ -386,11 +373,12 @@ mod tests {
         assert_eq!(argmax(&[f32::NEG_INFINITY, -3.0]), 1);
     }
 
-    /// A device's argmax reduction (its reference, `RowArgmax::of`) samples what the full row
-    /// samples greedily: the same token, the same error, over ties, masks, signed zeros,
-    /// NaN and infinities, in every position of a long row.
+    /// Greedy sampling (`sample`, which checks and reduces a row as a device does: by
+    /// `RowArgmax::of` and `sample_argmax`) gives the errors spelt out here and otherwise
+    /// `argmax`'s token (the sampler's own scan, which penalized rows take), over ties, masks,
+    /// signed zeros, NaN and infinities, in every position of a long row.
     #[test]
-    fn greedy_from_a_rows_argmax_is_greedy_from_the_row() {
+    fn greedy_sampling_checks_and_takes_the_rows_argmax() {
         let (inf, nan) = (f32::INFINITY, f32::NAN);
         let mut rows: Vec<Vec<f32>> = vec![
             vec![0.5, 2.0, -1.0, 2.0],
@@ -417,8 +405,19 @@ mod tests {
         assert!(p.reads_only_argmax());
         for row in &rows {
             let mut rng = Rng::seed_from_u64(1);
-            let want = sample(row, row.len(), &p, &[], &[], &mut rng);
-            let got = sample_argmax(&RowArgmax::of(row));
+            let got = sample(row, row.len(), &p, &[], &[], &mut rng);
+            let bad = row.iter().position(|v| v.is_nan() || *v == f32::INFINITY);
+            let want = match bad {
+                Some(index) => Err(SamplerError::NonFinite {
+                    index,
+                    value: row[index],
+                }),
+                None if row.iter().all(|&v| v == f32::NEG_INFINITY) => Err(SamplerError::AllMasked),
+                None => Ok(Sampled {
+                    token_id: argmax(row),
+                    logprob: None,
+                }),
+            };
             match (&got, &want) {
                 // NaN != NaN: compare the error's index and bits
                 (

@@ -86,7 +86,8 @@ pub struct RowArgmax {
 
 impl RowArgmax {
     /// The reference reduction of one row: one pass in 16 independent lanes (vectorized) for
-    /// the largest usable value and whether any is unusable, then the first index of each.
+    /// the largest value and whether any is unusable, then the first index of the max; a row
+    /// with an unusable value (an error for every sampler, so rare) takes a second, plain pass.
     pub fn of(row: &[f32]) -> Self {
         const L: usize = 16;
         let usable = |v: f32| !(v.is_nan() | (v == f32::INFINITY));
@@ -95,7 +96,7 @@ impl RowArgmax {
         let chunks = row.chunks_exact(L);
         let tail = chunks.remainder();
         let mut step = |i: usize, v: f32| {
-            m[i] = if usable(v) && v > m[i] { v } else { m[i] };
+            m[i] = if v > m[i] { v } else { m[i] }; // NaN never wins; +inf does, then `bad`
             bad[i] |= !usable(v);
         };
         for c in chunks {
@@ -106,32 +107,57 @@ impl RowArgmax {
         for (i, &v) in tail.iter().enumerate() {
             step(i, v);
         }
+        if bad.iter().any(|&b| b) {
+            return Self::of_unusable(row);
+        }
         let max = m
             .iter()
             .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
-        let first_bad = if bad.iter().any(|&b| b) {
-            row.iter()
-                .position(|&v| !usable(v))
-                .map(|i| (i as u32, row[i]))
-        } else {
-            None
-        };
+        if max == f32::NEG_INFINITY {
+            return Self {
+                token_id: 0,
+                max,
+                first_bad: None,
+            };
+        }
         // -0.0 == 0.0: the first index holding either, and that value's own bits
-        let token_id = if max == f32::NEG_INFINITY {
-            0
-        } else {
-            row.iter().position(|&v| v == max).unwrap_or(0)
-        };
+        let token_id = first_index(row, |v| v == max).unwrap_or(0);
         Self {
             token_id: token_id as u32,
-            max: if max == f32::NEG_INFINITY {
-                max
-            } else {
-                row[token_id]
-            },
+            max: row[token_id],
+            first_bad: None,
+        }
+    }
+
+    /// [`RowArgmax::of`] value by value — its definition: the first index where a usable value
+    /// beats every earlier one (strictly), the first unusable value. For rows holding NaN or
+    /// +inf, and the unit test's reference for every row.
+    fn of_unusable(row: &[f32]) -> Self {
+        let mut best = (f32::NEG_INFINITY, 0u32);
+        let mut first_bad = None;
+        for (i, &v) in row.iter().enumerate() {
+            if v.is_nan() || v == f32::INFINITY {
+                first_bad = first_bad.or(Some((i as u32, v)));
+            } else if v > best.0 {
+                best = (v, i as u32);
+            }
+        }
+        Self {
+            token_id: best.1,
+            max: best.0,
             first_bad,
         }
     }
+}
+
+/// The first index of `row` where `hit` holds: 64-value chunks tested whole (vectorized, no
+/// early exit inside a chunk), then the chunk that has it value by value.
+fn first_index(row: &[f32], hit: impl Fn(f32) -> bool) -> Option<usize> {
+    const C: usize = 64;
+    let j = row
+        .chunks(C)
+        .position(|c| c.iter().fold(false, |a, &v| a | hit(v)))?;
+    row[j * C..].iter().position(|&v| hit(v)).map(|i| j * C + i)
 }
 
 /// The reference executor: [`Model::forward`] on this thread (its kernels use rayon). Holds the
@@ -190,25 +216,6 @@ impl<M: Deref<Target = Model> + Send> Executor for CpuExecutor<M> {
 mod tests {
     use super::RowArgmax;
 
-    /// The definition, value by value: the first index where a usable value beats every
-    /// earlier one (strictly), the first unusable value.
-    fn naive(row: &[f32]) -> RowArgmax {
-        let mut best = (f32::NEG_INFINITY, 0u32);
-        let mut first_bad = None;
-        for (i, &v) in row.iter().enumerate() {
-            if v.is_nan() || v == f32::INFINITY {
-                first_bad = first_bad.or(Some((i as u32, v)));
-            } else if v > best.0 {
-                best = (v, i as u32);
-            }
-        }
-        RowArgmax {
-            token_id: best.1,
-            max: best.0,
-            first_bad,
-        }
-    }
-
     #[test]
     fn the_lane_reduction_is_the_definition() {
         let (nan, inf, ninf) = (f32::NAN, f32::INFINITY, f32::NEG_INFINITY);
@@ -244,7 +251,7 @@ mod tests {
             }
         }
         for row in &rows {
-            let (got, want) = (RowArgmax::of(row), naive(row));
+            let (got, want) = (RowArgmax::of(row), RowArgmax::of_unusable(row));
             let bits = |r: &RowArgmax| {
                 (
                     r.token_id,

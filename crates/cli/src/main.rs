@@ -86,8 +86,9 @@ enum Command {
         /// Decode batch sizes for tg (comma-separated): B sequences decode together.
         #[arg(short = 'b', long, value_delimiter = ',', default_value = "1")]
         batch: Vec<usize>,
-        /// What each tg step hands back: every row's argmax (greedy generation) or the whole
-        /// logits rows (a sampler at a temperature reads them).
+        /// What each tg step hands back: every row's argmax (greedy generation), a token
+        /// drawn at temperature 1 on the device (`sample`), or the whole logits rows (a sampler
+        /// with top-p or logprobs reads them).
         #[arg(long, value_enum, default_value = "argmax")]
         tg_logits: cmd::bench::TgLogits,
         #[arg(long)]

@@ -15,7 +15,7 @@
 //!
 //! `--forward N` first times N whole steps as the engine runs them (`forward_into`: host
 //! inputs, the graph, the logits to the host), with fresh logits, with one kept buffer, and
-//! reduced to each row's argmax on the device (`forward_argmax`, greedy steps), and
+//! reduced to each row's argmax on the device (`forward_picks`, greedy steps), and
 //! the logits' copy alone four ways (`Gpu::lab_host_reads`); against `--replays`, the host's
 //! part of a step.
 //!
@@ -178,9 +178,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut kept = Vec::with_capacity(n);
         let mut reduced = Vec::with_capacity(n);
         let (mut buf, mut rows) = (Vec::new(), Vec::new());
+        let greedy = vec![mlaserve_model::RowDraw::Argmax; batch];
         for _ in 0..n {
             let t0 = std::time::Instant::now();
-            exec.forward_argmax(&step, &mut rows)?;
+            exec.forward_picks(&step, &greedy, &mut rows)?;
             reduced.push(t0.elapsed().as_secs_f64() * 1e6);
             let t0 = std::time::Instant::now();
             drop(exec.forward(&step)?);

@@ -225,12 +225,15 @@ extern "C" __global__ void add_rows_indexed(float* dst, const float* src, const 
     for (int i = threadIdx.x; i < n; i += blockDim.x) d[i] += s[i];
 }
 
-// Each logits row reduced to what greedy sampling reads (mlaserve_model::RowArgmax, whose
-// `of` is the reference): out[r] = {the lowest index of the row's largest value among those
+// Each logits row reduced to its token (mlaserve_model::RowPick, whose `of` is the
+// reference): out[r] = its RowArgmax {the lowest index of the row's largest value among those
 // that are neither NaN nor +inf (0 if none is above -inf), that value's bits (-inf if none),
-// the lowest index holding NaN or +inf (0xffffffff if none), its bits}.  logits [rows, vocab]
-// f32, 16-byte aligned where vocab % 4 == 0 (float4 loads).  grid (rows), block 1024 (a
-// multiple of 32).
+// the lowest index holding NaN or +inf (0xffffffff if none), its bits}; picked[r] = the token
+// its draw chose: draws == 0 or draws[4r + 3] == 0 (greedy) the argmax, else one softmax
+// draw by mlaserve_model::draw's integer weights with draws[4r..4r+4] = {1/temperature bits,
+// the random u64's low word, its high word, 1} (a row with NaN / +inf or nothing above -inf:
+// the argmax).  logits [rows, vocab] f32, 16-byte aligned where vocab % 4 == 0 (float4 loads).
+// grid (rows), block 1024 (a multiple of 32).
 __device__ __forceinline__ void argmax_take(float v, unsigned i, float& bv, unsigned& bi,
                                             unsigned& badi) {
     if (isnan(v) || v == INFINITY) {
@@ -253,10 +256,54 @@ __device__ __forceinline__ void argmax_warp(float& bv, unsigned& bi, unsigned& b
         }
     }
 }
-extern "C" __global__ void logits_argmax(const float* logits, int vocab, uint4* out) {
+// mlaserve_model::draw::softmax_prob, operation for operation (the _rn intrinsics are never
+// contracted into FMAs): exp((l - mx) * inv_t) for l <= mx, 0 below e^-28.
+__device__ __forceinline__ float softmax_prob(float l, float mx, float inv_t) {
+    const float SHIFTER = 12582912.0f;  // 1.5 * 2^23
+    const float x = __fmul_rn(__fsub_rn(l, mx), inv_t);
+    if (!(x > -28.0f)) return 0.0f;
+    const float t = __fmul_rn(x, 1.44269504088896340736f);
+    const float r = __fadd_rn(t, SHIFTER);
+    const float f = __fsub_rn(t, __fsub_rn(r, SHIFTER));
+    float p = 1.5353362e-4f;
+    p = __fadd_rn(__fmul_rn(p, f), 1.3398874e-3f);
+    p = __fadd_rn(__fmul_rn(p, f), 9.618437e-3f);
+    p = __fadd_rn(__fmul_rn(p, f), 5.5503325e-2f);
+    p = __fadd_rn(__fmul_rn(p, f), 2.4022648e-1f);
+    p = __fadd_rn(__fmul_rn(p, f), 6.931472e-1f);
+    p = __fadd_rn(__fmul_rn(p, f), 1.0f);
+    const int e = (int)__float_as_uint(r) - (int)__float_as_uint(SHIFTER);
+    return __fmul_rn(p, __uint_as_float((unsigned)(127 + e) << 23));
+}
+// mlaserve_model::draw::weight: p * 2^40, truncated
+__device__ __forceinline__ unsigned long long softmax_weight(float l, float mx, float inv_t) {
+    return (unsigned long long)__fmul_rn(softmax_prob(l, mx, inv_t), 1099511627776.0f);
+}
+// The weights of the e (4 or 1) values from row[j]: one float4 load where e == 4 (j % 4 == 0).
+__device__ __forceinline__ unsigned long long pick_weights(const float* row, int j, int e,
+                                                         float mx, float inv_t) {
+    if (e == 4) {
+        const float4 q = *reinterpret_cast<const float4*>(row + j);
+        return softmax_weight(q.x, mx, inv_t) + softmax_weight(q.y, mx, inv_t) +
+               softmax_weight(q.z, mx, inv_t) + softmax_weight(q.w, mx, inv_t);
+    }
+    return softmax_weight(row[j], mx, inv_t);
+}
+// Inclusive sum over the warp's lanes 0..=lane.
+__device__ __forceinline__ unsigned long long warp_incl_u64(unsigned long long v, int lane) {
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned long long y = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += y;
+    }
+    return v;
+}
+extern "C" __global__ void logits_pick(const float* logits, int vocab, const unsigned* draws,
+                                       uint4* out, unsigned* picked) {
     MLA_PDL();
     __shared__ float sv[32];
     __shared__ unsigned si[32], sb[32];
+    __shared__ unsigned long long wsum[32], rem_s;
+    __shared__ int warp_s;
     const float* row = logits + (i64)blockIdx.x * vocab;
     float bv = -INFINITY;
     unsigned bi = 0xffffffffu, badi = 0xffffffffu;
@@ -281,16 +328,71 @@ extern "C" __global__ void logits_argmax(const float* logits, int vocab, uint4* 
         sb[warp] = badi;
     }
     __syncthreads();
-    if (warp == 0) {
-        bv = lane < nw ? sv[lane] : -INFINITY;
-        bi = lane < nw ? si[lane] : 0xffffffffu;
-        badi = lane < nw ? sb[lane] : 0xffffffffu;
-        argmax_warp(bv, bi, badi);
-        if (lane == 0) {
-            const unsigned bad_bits = badi == 0xffffffffu ? 0u : __float_as_uint(row[badi]);
-            // no value above -inf: token 0, as the reference (-inf entries set bi on ties)
-            out[blockIdx.x] = make_uint4(bv == -INFINITY ? 0u : bi, __float_as_uint(bv), badi,
-                                         bad_bits);
+    bv = lane < nw ? sv[lane] : -INFINITY;
+    bi = lane < nw ? si[lane] : 0xffffffffu;
+    badi = lane < nw ? sb[lane] : 0xffffffffu;
+    argmax_warp(bv, bi, badi);  // every warp: the row's (max, index, first unusable)
+    const unsigned token = bv == -INFINITY ? 0u : bi;  // none above -inf: token 0, as the reference
+    if (threadIdx.x == 0) {
+        const unsigned bad_bits = badi == 0xffffffffu ? 0u : __float_as_uint(row[badi]);
+        out[blockIdx.x] = make_uint4(token, __float_as_uint(bv), badi, bad_bits);
+        picked[blockIdx.x] = token;
+    }
+    const unsigned* d = draws ? draws + 4 * blockIdx.x : nullptr;
+    if (!d || d[3] == 0u || badi != 0xffffffffu || bv == -INFINITY) return;  // block-uniform
+    // The draw. Warp w sums the weights of its segment [w sg, w sg + sg) of the row in steps
+    // of 32 e values (a lane's e = 4 consecutive ones: float4 loads, coalesced; e = 1 where
+    // the row is not float4-aligned); thread 0 finds the segment where the running sum passes
+    // target = (random * total) >> 64; that warp finds the step (a lane a step, 32 at a time),
+    // then the lane, then the value.
+    const float inv_t = __uint_as_float(d[0]);
+    const unsigned long long random = ((unsigned long long)d[2] << 32) | d[1];
+    const int e = (vocab & 3) == 0 ? 4 : 1, w32 = 32 * e;
+    const int sg = (vocab + nw * w32 - 1) / (nw * w32) * w32;
+    const int lo = min(vocab, warp * sg), hi = min(vocab, lo + sg);
+    unsigned long long mine = 0;
+    for (int j = lo + lane * e; j < hi; j += w32) mine += pick_weights(row, j, e, bv, inv_t);
+    for (int o = 16; o > 0; o >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, o);
+    if (lane == 0) wsum[warp] = mine;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned long long total = 0, base = 0;
+        for (int w = 0; w < nw; ++w) total += wsum[w];
+        const unsigned long long target = __umul64hi(random, total);  // < total: total >= 2^40
+        int w = 0;
+        while (base + wsum[w] <= target) base += wsum[w++];
+        warp_s = w;
+        rem_s = target - base;
+    }
+    __syncthreads();
+    if (warp != warp_s) return;
+    unsigned long long rem = rem_s;
+    for (int g = lo; g < hi; g += 32 * w32) {  // 32 steps: lane l sums step l's 32 e values
+        const int st = g + lane * w32;
+        unsigned long long s = 0;
+        for (int j = st; j < min(st + w32, hi); j += e) s += pick_weights(row, j, e, bv, inv_t);
+        unsigned long long incl = warp_incl_u64(s, lane);
+        const unsigned hit = __ballot_sync(0xffffffffu, incl > rem);
+        if (!hit) {
+            rem -= __shfl_sync(0xffffffffu, incl, 31);
+            continue;
         }
+        const int k = __ffs(hit) - 1;  // the step; its lanes' e values each
+        rem -= __shfl_sync(0xffffffffu, incl - s, k);
+        const int j0 = g + k * w32 + lane * e;
+        s = j0 < hi ? pick_weights(row, j0, e, bv, inv_t) : 0ull;
+        incl = warp_incl_u64(s, lane);
+        const unsigned at = __ballot_sync(0xffffffffu, incl > rem);
+        if (lane == __ffs(at) - 1) {
+            unsigned long long cum = incl - s;
+            for (int j = j0; j < j0 + e; ++j) {
+                cum += softmax_weight(row[j], bv, inv_t);
+                if (cum > rem) {
+                    picked[blockIdx.x] = j;
+                    break;
+                }
+            }
+        }
+        return;
     }
 }

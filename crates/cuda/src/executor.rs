@@ -34,7 +34,8 @@ use crate::weights::{GFfn, GLayer, GLinear, GMat, GMlp, GWeights};
 use mlaserve_model::layers::{dsa::top_k, rope::Rope};
 use mlaserve_model::probe::{self, PathTag};
 use mlaserve_model::{
-    AttentionPath, Executor, ForwardBatch, Model, ModelConfig, ModelError, RowArgmax,
+    AttentionPath, Executor, ForwardBatch, Model, ModelConfig, ModelError, RowArgmax, RowDraw,
+    RowPick,
 };
 use std::sync::Arc;
 
@@ -82,20 +83,47 @@ pub struct CudaExecutor {
     route_tickets: DBuf<u32>,
 }
 
-/// A step's logits on the device (in the step arena): `[rows, vocab]` f32, and `[rows, 4]`
-/// u32 of room for their argmaxes ([`Gpu::logits_argmax`]).
+/// A step's logits on the device (in the step arena): `[rows, vocab]` f32, and
+/// [`PICK_WORDS`] u32 a row of room for their picks ([`Gpu::logits_pick`]).
 struct DevLogits {
     rows: usize,
     logits: DBuf<f32>,
-    argmax: DBuf<u32>,
+    picks: DBuf<u32>,
+}
+
+/// The room a logits row's pick takes on the device, in u32: `[rows, 4]` RowArgmax words,
+/// then `[rows]` picked tokens (read back together), then `[rows, 4]` draws (written).
+const PICK_WORDS: usize = 9;
+
+/// The draws as [`Gpu::logits_pick`] reads them, `[rows, 4]` u32; empty when every row is
+/// greedy (the kernel then reads none).
+fn draw_words(draws: &[RowDraw]) -> Vec<u32> {
+    if draws.iter().all(|d| *d == RowDraw::Argmax) {
+        return Vec::new();
+    }
+    draws
+        .iter()
+        .flat_map(|d| match *d {
+            RowDraw::Argmax => [0; 4],
+            RowDraw::Softmax {
+                inv_temperature,
+                random,
+            } => [
+                inv_temperature.to_bits(),
+                random as u32,
+                (random >> 32) as u32,
+                1,
+            ],
+        })
+        .collect()
 }
 
 /// Where a step's logits go.
 enum Sink<'a> {
     /// Whole, into the caller's buffer ([`Executor::forward_into`]).
     Host(&'a mut Vec<f32>),
-    /// Each row's argmax, reduced on the device ([`Executor::forward_argmax`]).
-    Argmax(&'a mut Vec<RowArgmax>),
+    /// Each row's token under its draw, picked on the device ([`Executor::forward_picks`]).
+    Picks(&'a [RowDraw], &'a mut Vec<RowPick>),
 }
 
 /// Whether a product of M rows with bf16 weights `w` takes the in-house GEMV (gemv.rs) rather
@@ -571,7 +599,7 @@ impl CudaExecutor {
                     g.graph
                         .launch()
                         .map_err(|e| CudaError::driver("launching a decode graph", e))?;
-                    self.deliver(g.logits, g.argmax, rows, sink)
+                    self.deliver(g.logits, g.picks, rows, sink)
                 });
                 self.graphs.put(key, g);
                 return r;
@@ -590,15 +618,15 @@ impl CudaExecutor {
                 graph
                     .launch()
                     .map_err(|e| CudaError::driver("launching a decode graph", e))?;
-                let (logits, argmax) = (dev.logits.ptr(), dev.argmax.ptr());
-                self.deliver(logits, argmax, rows, sink)?;
+                let (logits, picks) = (dev.logits.ptr(), dev.picks.ptr());
+                self.deliver(logits, picks, rows, sink)?;
                 self.graphs.put(
                     key,
                     DecodeGraph {
                         graph,
                         inputs,
                         logits,
-                        argmax,
+                        picks,
                     },
                 );
                 tracing::debug!("captured decode graph {key:?} ({} kept)", self.graphs.len());
@@ -651,11 +679,11 @@ impl CudaExecutor {
             self.gpu.sync()?;
             match sink {
                 Sink::Host(out) => out.clear(),
-                Sink::Argmax(out) => out.clear(),
+                Sink::Picks(_, out) => out.clear(),
             }
             return Ok(());
         };
-        self.deliver(dev.logits.ptr(), dev.argmax.ptr(), dev.rows, sink)?;
+        self.deliver(dev.logits.ptr(), dev.picks.ptr(), dev.rows, sink)?;
         if let Sink::Host(out) = sink {
             let vocab = self.model.config().vocab_size;
             probe::probe(
@@ -669,25 +697,46 @@ impl CudaExecutor {
         Ok(())
     }
 
-    /// `rows` logits rows at `logits` into `sink`: copied whole, or reduced on the device to
-    /// their argmaxes (in the step's `argmax` words, [rows, 4] u32) and those copied.
-    fn deliver(&self, logits: u64, argmax: u64, rows: usize, sink: &mut Sink) -> Result<()> {
+    /// `rows` logits rows at `logits` into `sink`: copied whole, or each reduced on the device
+    /// to its pick (in the step's room at `picks`, [`PICK_WORDS`] u32 a row) and those copied.
+    fn deliver(&self, logits: u64, picks: u64, rows: usize, sink: &mut Sink) -> Result<()> {
         let vocab = self.model.config().vocab_size;
         match sink {
             Sink::Host(out) => self.gpu.read_f32_into(logits, rows * vocab, out),
-            Sink::Argmax(out) => {
+            Sink::Picks(draws, out) => {
                 out.clear();
+                if draws.len() != rows {
+                    return Err(CudaError::Invalid(format!(
+                        "{} draws for a step of {rows} logits rows",
+                        draws.len()
+                    )));
+                }
                 if rows == 0 {
                     return self.gpu.sync();
                 }
-                self.gpu.logits_argmax(rows, logits, vocab, argmax)?;
-                let mut words = vec![0u32; rows * 4];
-                self.gpu.read_u32_into(argmax, &mut words)?;
-                out.extend(words.chunks_exact(4).map(|w| RowArgmax {
-                    token_id: w[0],
-                    max: f32::from_bits(w[1]),
-                    first_bad: (w[2] != u32::MAX).then(|| (w[2], f32::from_bits(w[3]))),
-                }));
+                let (argmax, picked, at) =
+                    (picks, picks + 16 * rows as u64, picks + 20 * rows as u64);
+                let words = draw_words(draws);
+                let draws_at = if words.is_empty() { 0 } else { at };
+                self.gpu.write_u32_at(at, &words)?;
+                self.gpu
+                    .logits_pick(rows, logits, vocab, draws_at, argmax, picked)?;
+                let mut back = vec![0u32; rows * 5];
+                self.gpu.read_u32_into(argmax, &mut back)?;
+                let (words, tokens) = back.split_at(rows * 4);
+                out.extend(
+                    words
+                        .chunks_exact(4)
+                        .zip(tokens)
+                        .map(|(w, &token_id)| RowPick {
+                            argmax: RowArgmax {
+                                token_id: w[0],
+                                max: f32::from_bits(w[1]),
+                                first_bad: (w[2] != u32::MAX).then(|| (w[2], f32::from_bits(w[3]))),
+                            },
+                            token_id,
+                        }),
+                );
                 Ok(())
             }
         }
@@ -808,11 +857,11 @@ impl CudaExecutor {
         )?;
         let logits = gpu.alloc::<f32>(rows * cfg.vocab_size)?;
         linear(gpu, rows, last.ptr(), &self.w.lm_head, logits.ptr(), false)?;
-        let argmax = gpu.alloc::<u32>(rows * 4)?;
+        let picks = gpu.alloc::<u32>(rows * PICK_WORDS)?;
         Ok(Some(DevLogits {
             rows,
             logits,
-            argmax,
+            picks,
         }))
     }
 
@@ -1524,21 +1573,34 @@ impl Executor for CudaExecutor {
         self.step_into(batch, &mut Sink::Host(out))
     }
 
-    fn forward_argmax(
+    fn forward_picks(
         &mut self,
         batch: &ForwardBatch,
-        out: &mut Vec<RowArgmax>,
+        draws: &[RowDraw],
+        out: &mut Vec<RowPick>,
     ) -> std::result::Result<(), ModelError> {
         if probe::active() {
             // probes and dumps see the logits as every other step shows them
             let mut logits = Vec::new();
             self.forward_into(batch, &mut logits)?;
             let vocab = self.model.config().vocab_size;
+            if logits.len() != draws.len() * vocab {
+                return Err(ModelError::Batch(format!(
+                    "{} draws for {} logits rows",
+                    draws.len(),
+                    logits.len() / vocab
+                )));
+            }
             out.clear();
-            out.extend(logits.chunks_exact(vocab).map(RowArgmax::of));
+            out.extend(
+                logits
+                    .chunks_exact(vocab)
+                    .zip(draws)
+                    .map(|(r, &d)| RowPick::of(r, d)),
+            );
             return Ok(());
         }
-        self.step_into(batch, &mut Sink::Argmax(out))
+        self.step_into(batch, &mut Sink::Picks(draws, out))
     }
 
     fn take_comm_seconds(&mut self) -> Option<f64> {

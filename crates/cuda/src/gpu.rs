@@ -559,6 +559,20 @@ impl Gpu {
         Ok(())
     }
 
+    /// Copies `host` to the u32 at a raw device pointer, in stream order (the caller passes a
+    /// pointer into a live allocation of >= `host.len()` u32).
+    pub fn write_u32_at(&self, ptr: u64, host: &[u32]) -> Result<()> {
+        if host.is_empty() {
+            return Ok(());
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| CudaError::driver("bind", e))?;
+        // SAFETY: the caller's pointer holds host.len() u32; pageable source staged before return.
+        unsafe { drv::memcpy_htod_async(ptr, host, self.stream.cu_stream()) }
+            .map_err(|e| CudaError::driver("copy to device", e))
+    }
+
     /// Synchronizes, then fills `out` from the u32 at a raw device pointer.
     pub fn read_u32_into(&self, ptr: u64, out: &mut [u32]) -> Result<()> {
         self.sync()?;

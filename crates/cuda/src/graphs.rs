@@ -42,9 +42,9 @@ pub(crate) struct DecodeGraph {
     pub inputs: StepInputs,
     /// Device logits [tokens, vocab] f32 the graph writes (in the step arena).
     pub logits: u64,
-    /// [tokens, 4] u32 after them in the arena, where a step reduced to argmaxes puts them
-    /// (written by a launch after the replay, not by the graph).
-    pub argmax: u64,
+    /// The room after them in the arena where a step picked on the device puts each row's
+    /// pick and draw (written by copies and a launch after the replay, not by the graph).
+    pub picks: u64,
 }
 
 pub(crate) struct Graphs {

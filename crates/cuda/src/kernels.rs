@@ -45,7 +45,7 @@ pub const NAMES: &[&str] = &[
     "embed_bf16",
     "f32_to_bf16",
     "rms_norm",
-    "logits_argmax",
+    "logits_pick",
     "layer_norm",
     "rope_interleaved",
     "q_finish",

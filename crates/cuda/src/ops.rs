@@ -259,17 +259,27 @@ impl Gpu {
         )
     }
 
-    /// Each of `rows` logits rows (`[rows, vocab]` f32 at `logits`) reduced to its argmax and
-    /// first unusable value: `out` holds `rows` x 4 u32 (`mlaserve_model::RowArgmax` as
-    /// [token, max bits, first bad index or u32::MAX, its bits]; elementwise.cu). `logits`
+    /// Each of `rows` logits rows (`[rows, vocab]` f32 at `logits`) reduced to its token
+    /// (`mlaserve_model::RowPick::of`; elementwise.cu): `out` holds `rows` x 4 u32, each row's
+    /// `RowArgmax` as [token, max bits, first bad index or u32::MAX, its bits]; `picked` `rows`
+    /// u32, the token each row's draw chose. `draws`: 0 (every row greedy) or `rows` x 4 u32
+    /// [1/temperature bits, random low word, random high word, 1 (0: greedy)]. `logits`
     /// 16-byte aligned when `vocab % 4 == 0` (the kernel loads float4s; arena and driver
     /// allocations are).
-    pub fn logits_argmax(&self, rows: usize, logits: u64, vocab: usize, out: u64) -> Result<()> {
+    pub fn logits_pick(
+        &self,
+        rows: usize,
+        logits: u64,
+        vocab: usize,
+        draws: u64,
+        out: u64,
+        picked: u64,
+    ) -> Result<()> {
         let vocab = vocab as i32;
         self.launch(
-            "logits_argmax",
+            "logits_pick",
             Gpu::cfg(grid1(rows), 1024),
-            &args![logits, vocab, out],
+            &args![logits, vocab, draws, out, picked],
         )
     }
 

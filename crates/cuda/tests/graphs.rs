@@ -6,13 +6,14 @@
 //! and stay eager past it (its top-k runs on the host). On a host without CUDA the test
 //! prints why and passes.
 //!
-//! Steps reduced to argmaxes on the device (`forward_argmax`, graphed and eager) hand back
-//! each row's `RowArgmax::of` its logits, bit for bit.
+//! Steps picked on the device (`forward_picks`, greedy and drawn, graphed and eager) hand
+//! back each row's `RowPick::of` its logits, bit for bit.
 
 use mlaserve_cuda::CudaExecutor;
 use mlaserve_model::score::argmax;
 use mlaserve_model::{
-    AttentionPath, Executor, ForwardBatch, LoadOptions, LogitsWanted, Model, RowArgmax, SeqInput,
+    AttentionPath, Executor, ForwardBatch, LoadOptions, LogitsWanted, Model, RowDraw, RowPick,
+    SeqInput,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -160,17 +161,18 @@ fn decode_graphs_replay_eager_steps_exactly() {
     }
 }
 
-/// Steps reduced to argmaxes on the device (`forward_argmax`: decode steps from their graphs,
-/// prefills and DSA top-k steps eager) hand back `RowArgmax::of` each logits row of the same
-/// steps run whole, bit for bit.
+/// Steps picked on the device (`forward_picks`: decode steps from their graphs, prefills and
+/// DSA top-k steps eager; greedy rows and rows drawn at a temperature) hand back
+/// `RowPick::of` each logits row of the same steps run whole, bit for bit. The next tokens
+/// are the argmaxes, so both runs see the same steps.
 #[test]
-fn device_argmax_is_the_argmax_of_the_logits() {
+fn device_picks_are_the_picks_of_the_logits() {
     for model in ["deepseek_v2", "glm_moe_dsa"] {
         let m = load(model);
         let mut whole = match CudaExecutor::new(m.clone(), 0) {
             Ok(e) => e,
             Err(e @ mlaserve_cuda::CudaError::Unavailable(_)) => {
-                println!("SKIPPED device_argmax_is_the_argmax_of_the_logits: {e}");
+                println!("SKIPPED device_picks_are_the_picks_of_the_logits: {e}");
                 return;
             }
             Err(e) => panic!("{e}"),
@@ -180,33 +182,56 @@ fn device_argmax_is_the_argmax_of_the_logits() {
         let long: Vec<u32> = (0..40).map(|i| (i * 7 % 50 + 3) as u32).collect();
         let prompts = vec![long, vec![5, 9, 11], vec![17, 4], vec![3]];
         let steps = [12, 6, 9, 3];
+        // row r of step s: greedy every third row, else a draw at one of three temperatures
+        let draws = |s: usize, rows: usize| -> Vec<RowDraw> {
+            (0..rows)
+                .map(|r| match (s + r) % 3 {
+                    0 => RowDraw::Argmax,
+                    k => RowDraw::Softmax {
+                        inv_temperature: [1.0, 0.7, 2.0][(s + k) % 3],
+                        random: ((s * 31 + r) as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                    },
+                })
+                .collect()
+        };
+        let mut n = 0;
         let want = run_with(&mut whole, &prompts, &steps, |exec, batch| {
             let logits = exec.forward(batch).unwrap();
-            let rows: Vec<RowArgmax> = logits.chunks_exact(vocab).map(RowArgmax::of).collect();
-            let next = rows.iter().map(|r| r.token_id).collect();
+            let d = draws(n, logits.len() / vocab);
+            n += 1;
+            let rows: Vec<RowPick> = logits
+                .chunks_exact(vocab)
+                .zip(&d)
+                .map(|(r, &d)| RowPick::of(r, d))
+                .collect();
+            let next = rows.iter().map(|r| r.argmax.token_id).collect();
             (rows, next)
         });
-        let mut buf = Vec::new();
+        let (mut buf, mut n) = (Vec::new(), 0);
         let got = run_with(&mut reduced, &prompts, &steps, |exec, batch| {
-            exec.forward_argmax(batch, &mut buf).unwrap();
-            let next = buf.iter().map(|r| r.token_id).collect();
+            let d = draws(n, batch.logits_indices().len());
+            n += 1;
+            exec.forward_picks(batch, &d, &mut buf).unwrap();
+            let next = buf.iter().map(|r| r.argmax.token_id).collect();
             (buf.clone(), next)
         });
         assert_eq!(got.len(), want.len());
         for (s, (g, w)) in got.iter().zip(&want).enumerate() {
             assert_eq!(g.len(), w.len(), "{model} step {s}");
-            for (row, (a, b)) in g.iter().zip(w).enumerate() {
+            for (row, (p, q)) in g.iter().zip(w).enumerate() {
+                let (a, b) = (p.argmax, q.argmax);
                 assert!(
-                    a.token_id == b.token_id
+                    p.token_id == q.token_id
+                        && a.token_id == b.token_id
                         && a.max.to_bits() == b.max.to_bits()
                         && a.first_bad.map(|(i, v)| (i, v.to_bits()))
                             == b.first_bad.map(|(i, v)| (i, v.to_bits())),
-                    "{model} step {s} row {row}: device {a:?}, from the logits {b:?}"
+                    "{model} step {s} row {row}: device {p:?}, from the logits {q:?}"
                 );
             }
         }
         println!(
-            "{model}: {} steps reduced on the device as on the host, {} decode graphs kept",
+            "{model}: {} steps picked on the device as on the host, {} decode graphs kept",
             got.len(),
             reduced.cuda_graphs()
         );

@@ -1383,7 +1383,7 @@ fn op_table_against_cpu() {
         ("moe", moe),
         ("moe_grouped", moe_grouped),
         ("quantized", quantized),
-        ("argmax", logits_argmax),
+        ("argmax", logits_pick),
     ];
     if let Some(o) = &only {
         for x in o.split(',') {
@@ -3466,13 +3466,25 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     }
 }
 
-/// Logits rows reduced to their argmax on the device (`logits_argmax`, what greedy steps ship
-/// to the host): every field of `RowArgmax::of` each row, over vocabularies whose rows load
+/// Logits rows reduced to their pick on the device (`logits_pick`, what greedy and
+/// temperature-only steps ship to the host): every field of `RowPick::of` each row — the
+/// argmax's and the drawn token, bit for bit — with every row greedy (no draws) and with
+/// draws at temperatures 0.3-2 (a greedy row among them), over vocabularies whose rows load
 /// as float4 and as scalars, with ties, signed zeros, masked (-inf) rows and values, NaN and
 /// +inf anywhere. The error is the number of rows that differ.
-fn logits_argmax(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
-    use mlaserve_model::RowArgmax;
-    for &(rows, vocab) in &[(1, 102_400), (5, 1_001), (13, 4_096), (64, 102_400), (3, 7)] {
+fn logits_pick(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
+    use mlaserve_model::{RowDraw, RowPick};
+    // 154,880 and 40,001: a warp's segment of more than 32 steps (float4 and scalar loads)
+    let shapes = [
+        (1, 102_400),
+        (5, 1_001),
+        (13, 4_096),
+        (64, 102_400),
+        (3, 7),
+        (14, 154_880),
+        (14, 40_001),
+    ];
+    for &(rows, vocab) in &shapes {
         let mut x = rng.vec(rows * vocab, 8.0);
         for r in 0..rows {
             let row = &mut x[r * vocab..][..vocab];
@@ -3499,6 +3511,9 @@ fn logits_argmax(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                     for _ in 0..vocab / 3 {
                         row[rng.below(vocab)] = f32::NEG_INFINITY;
                     }
+                    if vocab > 32_768 {
+                        row.iter_mut().for_each(|v| *v *= 0.01); // near uniform: deep draws
+                    }
                 }
                 // nothing usable: an unusable value, then only -inf (token 0, not 1)
                 0 if r > 0 => {
@@ -3509,24 +3524,62 @@ fn logits_argmax(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             }
         }
         let xd = gpu.upload(&x).unwrap();
-        let out = poisoned::<u32>(gpu, rows * 4);
-        gpu.logits_argmax(rows, xd.ptr(), vocab, out.ptr()).unwrap();
-        let w = gpu.to_host(&out).unwrap();
-        let differ = (0..rows)
-            .filter(|&r| {
-                let want = RowArgmax::of(&x[r * vocab..][..vocab]);
-                let bad = want
-                    .first_bad
-                    .map_or((u32::MAX, 0), |(i, v)| (i, v.to_bits()));
-                w[r * 4..][..4] != [want.token_id, want.max.to_bits(), bad.0, bad.1]
-            })
-            .count();
-        rep.check(
-            "logits_argmax",
-            format!("rows{rows} V{vocab}"),
-            "f32>u32",
-            differ as f64,
-            0.0,
-        );
+        for drawn in [false, true] {
+            let draws: Vec<RowDraw> = (0..rows)
+                .map(|r| match drawn && r % 5 != 4 {
+                    false => RowDraw::Argmax,
+                    true => RowDraw::Softmax {
+                        inv_temperature: [1.0f32, 1.0 / 0.3, 0.5, 1.0 / 0.8][r % 4],
+                        // a near-uniform row: past the 32nd step of warp 15's segment
+                        random: if r % 7 == 6 && vocab > 32_768 {
+                            (15.97 / 32.0 * 2f64.powi(64)) as u64
+                        } else {
+                            (rng.below(1 << 30) as u64) << 34 | rng.below(1 << 30) as u64
+                        },
+                    },
+                })
+                .collect();
+            let words: Vec<u32> = draws
+                .iter()
+                .flat_map(|d| match *d {
+                    RowDraw::Argmax => [0; 4],
+                    RowDraw::Softmax {
+                        inv_temperature,
+                        random,
+                    } => [
+                        inv_temperature.to_bits(),
+                        random as u32,
+                        (random >> 32) as u32,
+                        1,
+                    ],
+                })
+                .collect();
+            let dd = gpu.upload(&words).unwrap();
+            let out = poisoned::<u32>(gpu, rows * 5);
+            let at = |k: usize| out.ptr() + 4 * k as u64;
+            let draws_at = if drawn { dd.ptr() } else { 0 };
+            gpu.logits_pick(rows, xd.ptr(), vocab, draws_at, at(0), at(rows * 4))
+                .unwrap();
+            let w = gpu.to_host(&out).unwrap();
+            let differ = (0..rows)
+                .filter(|&r| {
+                    let want = RowPick::of(&x[r * vocab..][..vocab], draws[r]);
+                    let a = want.argmax;
+                    let bad = a.first_bad.map_or((u32::MAX, 0), |(i, v)| (i, v.to_bits()));
+                    w[r * 4..][..4] != [a.token_id, a.max.to_bits(), bad.0, bad.1]
+                        || w[rows * 4 + r] != want.token_id
+                })
+                .count();
+            rep.check(
+                "logits_pick",
+                format!(
+                    "rows{rows} V{vocab} {}",
+                    if drawn { "drawn" } else { "greedy" }
+                ),
+                "f32>u32",
+                differ as f64,
+                0.0,
+            );
+        }
     }
 }

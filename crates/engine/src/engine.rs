@@ -390,7 +390,10 @@ fn sample_rows(
         let seq = shared.seq(step.ids[i])?;
         let mut rng = seq.rng.clone();
         let sampled = match &step.rows {
-            StepRows::Argmax(a) => sampler::sample_argmax(&a[i]),
+            StepRows::Picks(a) => {
+                seq.params.row_draw(&mut rng); // the bits the device drew with
+                sampler::sample_pick(&a[i])
+            }
             StepRows::Logits(_) => {
                 seq.sample_with(step.row(i).expect("a logits row"), vocab_size, &mut rng)
             }
@@ -487,42 +490,76 @@ mod tests {
         assert_eq!(some, [true, false, true, true, false]);
     }
 
-    /// A step reduced to argmaxes: each row's token, the sampler's errors for a row with an
-    /// unusable value or nothing above -inf, and no token for a sequence gone since.
+    /// A step picked on the device: each row's token — greedy or drawn at a temperature from
+    /// its stream, as its whole row samples — the sampler's errors for a row with an unusable
+    /// value or nothing above -inf, and no token for a sequence gone since.
     #[test]
-    fn an_argmax_steps_rows_sample_as_their_whole_rows() {
-        use mlaserve_model::RowArgmax;
-        let mut s = scheduler(0);
-        for id in 0..4 {
-            s.add(Sequence::new(
-                id,
-                id,
-                vec![1, 2],
-                SamplingParams::greedy(4),
-                0,
-            ));
+    fn a_picked_steps_rows_sample_as_their_whole_rows() {
+        use mlaserve_model::RowPick;
+        let temperature = |t: f32| SamplingParams {
+            temperature: t,
+            ..SamplingParams::greedy(4)
+        };
+        let params = [0.0f32, 0.0, 0.0, 0.8, 1.3].map(temperature);
+        let (mut s, mut whole) = (scheduler(0), scheduler(0));
+        for (id, p) in params.iter().enumerate() {
+            let id = id as u64;
+            s.add(Sequence::new(id, id, vec![1, 2], p.clone(), 7 + id));
+            whole.add(Sequence::new(id, id, vec![1, 2], p.clone(), 7 + id));
         }
+        let mut r = Rng::seed_from_u64(4);
         let rows: Vec<Vec<f32>> = vec![
             vec![0.5, 3.0, 3.0, -1.0],
             vec![1.0, f32::NAN, 2.0, 0.0],
             vec![f32::NEG_INFINITY; 4],
-            vec![0.0, 0.0, 0.0, 9.0],
+            (0..4).map(|_| r.next_f64() as f32).collect(),
             vec![0.0, 1.0, 0.0, 0.0],
+            (0..4).map(|_| r.next_f64() as f32).collect(),
         ];
-        let ids = vec![0, 1, 2, 99, 3];
-        let step = StepLogits {
-            ids: ids.clone(),
-            rows: StepRows::Argmax(rows.iter().map(|r| RowArgmax::of(r)).collect()),
-            vocab_size: 4,
-        };
-        let got = sample_rows(&mut s, &step, 4);
-        assert_eq!(got[0].clone().unwrap().unwrap().token_id, 1);
-        assert!(matches!(
-            got[1].clone().unwrap(),
-            Err(SamplerError::NonFinite { index: 1, value }) if value.is_nan()
-        ));
-        assert_eq!(got[2].clone().unwrap(), Err(SamplerError::AllMasked));
-        assert!(got[3].is_none(), "sequence 99 is gone");
-        assert_eq!(got[4].clone().unwrap().unwrap().token_id, 1);
+        let ids = vec![0, 1, 2, 3, 99, 4];
+        for step in 0..3 {
+            let picks = ids
+                .iter()
+                .zip(&rows)
+                .map(|(&id, row)| {
+                    let draw = match s.seq(id) {
+                        Some(q) => q.params.row_draw(&mut q.rng.clone()),
+                        None => mlaserve_model::RowDraw::Argmax,
+                    };
+                    RowPick::of(row, draw)
+                })
+                .collect();
+            let step_picks = StepLogits {
+                ids: ids.clone(),
+                rows: StepRows::Picks(picks),
+                vocab_size: 4,
+            };
+            let got = sample_rows(&mut s, &step_picks, 4);
+            let step_rows = StepLogits {
+                ids: ids.clone(),
+                rows: StepRows::Logits(rows.concat()),
+                vocab_size: 4,
+            };
+            let want = sample_rows(&mut whole, &step_rows, 4);
+            for i in [0, 3, 5] {
+                assert_eq!(got[i], want[i], "step {step} row {i}");
+            }
+            assert_eq!(got[0].clone().unwrap().unwrap().token_id, 1);
+            assert!(matches!(
+                got[1].clone().unwrap(),
+                Err(SamplerError::NonFinite { index: 1, value }) if value.is_nan()
+            ));
+            assert_eq!(got[2].clone().unwrap(), Err(SamplerError::AllMasked));
+            assert!(got[4].is_none(), "sequence 99 is gone");
+        }
+        // the temperature rows' streams moved on together: one draw a step
+        for id in [3, 4] {
+            let (a, b) = (&s.seq(id).unwrap().rng, &whole.seq(id).unwrap().rng);
+            assert_eq!(
+                a.clone().next_u64(),
+                b.clone().next_u64(),
+                "row {id}'s stream"
+            );
+        }
     }
 }

@@ -1,15 +1,16 @@
 //! `ModelRunner`: owns the executor (the model and its latent cache, on whatever device);
 //! turns a schedule into one `ForwardBatch`, runs it, and hands back one logits row per
-//! sequence that wanted one — or, when every such sequence samples greedily without
-//! penalties or logprobs, only each row's argmax reduced on the device
-//! ([`Executor::forward_argmax`]: 16 bytes a row cross to the host instead of 400 KB at a
-//! 102,400-token vocabulary). `MLASERVE_DEVICE_ARGMAX=0` turns that off (comparisons).
+//! sequence that wanted one — or, when every such sequence samples greedily or at a
+//! temperature alone (no penalties, logprobs, top-k/top-p/min-p), only each row's token
+//! picked on the device ([`Executor::forward_picks`]: 20 bytes a row cross to the host
+//! instead of 400 KB at a 102,400-token vocabulary; the token is the one the host sampler
+//! would draw, bit for bit). `MLASERVE_DEVICE_SAMPLING=0` turns that off (comparisons).
 //!
 //! Invariant: the scheduler has already grown every scheduled sequence's block table to
 //! hold `context_len + num_new_tokens` positions, so the batch always validates.
 
 use mlaserve_model::{
-    AttentionPath, Executor, ForwardBatch, LogitsWanted, ModelConfig, ModelError, RowArgmax,
+    AttentionPath, Executor, ForwardBatch, LogitsWanted, ModelConfig, ModelError, RowDraw, RowPick,
     SeqInput,
 };
 
@@ -25,9 +26,13 @@ pub struct ModelRunner {
     /// copies its logits into the same memory (26 MB a step at 64 rows of a 102,400-token
     /// vocabulary; a fresh buffer costs its allocation and page faults every step).
     spare: Vec<f32>,
-    spare_argmax: Vec<RowArgmax>,
-    /// Steps whose every row reads only its argmax take [`Executor::forward_argmax`].
-    device_argmax: bool,
+    spare_picks: Vec<RowPick>,
+    draws: Vec<RowDraw>,
+    /// Steps whose every row [`SamplingParams::draws_on_device`] take
+    /// [`Executor::forward_picks`].
+    ///
+    /// [`SamplingParams::draws_on_device`]: crate::SamplingParams::draws_on_device
+    device_sampling: bool,
 }
 
 /// What one step handed back for the sequences that wanted logits.
@@ -35,8 +40,9 @@ pub struct ModelRunner {
 pub enum StepRows {
     /// `[ids.len(), vocab_size]` row-major.
     Logits(Vec<f32>),
-    /// One a row: every row's sampling reads only its argmax.
-    Argmax(Vec<RowArgmax>),
+    /// One a row: every row's token picked on the device (its params'
+    /// [`row_draw`](crate::SamplingParams::row_draw) from its RNG as it was before the step).
+    Picks(Vec<RowPick>),
 }
 
 /// Logits of one step: row `i` belongs to `ids[i]`.
@@ -49,18 +55,18 @@ pub struct StepLogits {
 
 impl StepLogits {
     /// `[vocab_size]` logits of the i-th sequence that wanted logits (None: the step
-    /// handed back argmaxes only).
+    /// handed back picks only).
     pub fn row(&self, i: usize) -> Option<&[f32]> {
         match &self.rows {
             StepRows::Logits(l) => Some(&l[i * self.vocab_size..(i + 1) * self.vocab_size]),
-            StepRows::Argmax(_) => None,
+            StepRows::Picks(_) => None,
         }
     }
 
     fn len(&self) -> usize {
         match &self.rows {
             StepRows::Logits(l) => l.len() / self.vocab_size.max(1),
-            StepRows::Argmax(a) => a.len(),
+            StepRows::Picks(a) => a.len(),
         }
     }
 }
@@ -79,8 +85,9 @@ impl ModelRunner {
             block_size,
             path,
             spare: Vec::new(),
-            spare_argmax: Vec::new(),
-            device_argmax: std::env::var("MLASERVE_DEVICE_ARGMAX").map_or(true, |v| v != "0"),
+            spare_picks: Vec::new(),
+            draws: Vec::new(),
+            device_sampling: std::env::var("MLASERVE_DEVICE_SAMPLING").map_or(true, |v| v != "0"),
         })
     }
 
@@ -138,21 +145,28 @@ impl ModelRunner {
     ) -> Result<StepLogits, ModelError> {
         let (batch, ids) = self.build_batch(out, scheduler)?;
         let vocab_size = self.executor.config().vocab_size;
-        let argmax = self.device_argmax
+        // Each row's draw from a copy of its RNG: sampling takes the same bits from the
+        // sequence's own stream afterwards (engine::sample_rows).
+        self.draws.clear();
+        let picks = self.device_sampling
             && ids.iter().all(|&id| {
-                scheduler
-                    .seq(id)
-                    .is_some_and(|s| s.params.reads_only_argmax())
+                scheduler.seq(id).is_some_and(|s| {
+                    s.params.draws_on_device() && {
+                        self.draws.push(s.params.row_draw(&mut s.rng.clone()));
+                        true
+                    }
+                })
             });
         let executor = &mut self.executor;
-        let mut rows = if argmax {
-            StepRows::Argmax(std::mem::take(&mut self.spare_argmax))
+        let mut rows = if picks {
+            StepRows::Picks(std::mem::take(&mut self.spare_picks))
         } else {
             StepRows::Logits(std::mem::take(&mut self.spare))
         };
+        let draws = &self.draws;
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &mut rows {
             StepRows::Logits(l) => executor.forward_into(&batch, l),
-            StepRows::Argmax(a) => executor.forward_argmax(&batch, a),
+            StepRows::Picks(a) => executor.forward_picks(&batch, draws, a),
         }));
         let step = StepLogits {
             ids,
@@ -191,7 +205,7 @@ impl ModelRunner {
     pub fn recycle(&mut self, step: StepLogits) {
         match step.rows {
             StepRows::Logits(l) => self.spare = l,
-            StepRows::Argmax(a) => self.spare_argmax = a,
+            StepRows::Picks(a) => self.spare_picks = a,
         }
     }
 }

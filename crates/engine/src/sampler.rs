@@ -10,15 +10,18 @@
 //! 4. temperature 0 (below [`GREEDY_EPSILON`](crate::sampling_params::GREEDY_EPSILON)):
 //!    argmax, ties to the lowest id — no randomness consumed;
 //! 5. otherwise: divide by temperature, softmax, min-p (drop p < min_p * p_max), top-k,
-//!    top-p over what remains (renormalized), then draw one uniform number from the
-//!    sequence's own RNG and invert the CDF over the kept tokens in id order.
+//!    top-p over what remains (renormalized), then draw 64 random bits from the sequence's
+//!    own RNG and invert the CDF over the kept tokens in id order — in fixed-point weights
+//!    ([`mlaserve_model::draw`]), so that a row drawn on a GPU ([`sample_pick`]) gets the
+//!    token the host would, bit for bit.
 //!
 //! Ties in top-k / top-p rank lower ids first, so the result is a function of the logits,
 //! the history, the parameters and the RNG state only (never of the batch).
 
 use std::collections::HashMap;
 
-use mlaserve_model::RowArgmax;
+use mlaserve_model::draw::{draw_probs, draw_weights, softmax_prob, weight};
+use mlaserve_model::{RowArgmax, RowPick};
 
 use crate::request::TokenLogprob;
 use crate::rng::Rng;
@@ -60,8 +63,13 @@ pub fn sample(
     }
     // One pass for the checks (and, with no penalty, greedy's answer): this runs on the
     // host after every decode step, on each token's critical path. The reduction and checks
-    // of a row reduced on a device (sample_argmax), so the two agree by construction.
-    let greedy = sample_argmax(&RowArgmax::of(logits))?.token_id;
+    // of a row reduced on a device (sample_pick), so the two agree by construction.
+    let row = RowArgmax::of(logits);
+    let greedy = sample_pick(&RowPick {
+        argmax: row,
+        token_id: row.token_id,
+    })?
+    .token_id;
     let token_id = if params.is_greedy() && !params.is_penalized() {
         greedy
     } else {
@@ -77,17 +85,17 @@ pub fn sample(
     Ok(Sampled { token_id, logprob })
 }
 
-/// What [`sample`] returns for a row whose parameters read only its argmax
-/// ([`SamplingParams::reads_only_argmax`]), from that row's device reduction: the same token
-/// and the same errors.
-pub fn sample_argmax(row: &RowArgmax) -> Result<Sampled, SamplerError> {
-    if let Some((index, value)) = row.first_bad {
+/// What [`sample`] returns for a row whose parameters the device can draw by
+/// ([`SamplingParams::draws_on_device`]), from that row's device reduction under the
+/// parameters' [`SamplingParams::row_draw`]: the same token and the same errors.
+pub fn sample_pick(row: &RowPick) -> Result<Sampled, SamplerError> {
+    if let Some((index, value)) = row.argmax.first_bad {
         return Err(SamplerError::NonFinite {
             index: index as usize,
             value,
         });
     }
-    if row.max == f32::NEG_INFINITY {
+    if row.argmax.max == f32::NEG_INFINITY {
         return Err(SamplerError::AllMasked);
     }
     Ok(Sampled {
@@ -198,61 +206,28 @@ fn sample_filtered(logits: &mut [f32], params: &SamplingParams, rng: &mut Rng) -
         return sample_unfiltered(logits, params, rng);
     }
     let probs = filtered_probs(logits, params);
-    let total: f64 = probs.iter().map(|&(_, p)| p as f64).sum();
-    let mut target = rng.next_f64() * total;
-    let mut last = probs[0].0;
-    for &(id, p) in &probs {
-        last = id;
-        target -= p as f64;
-        if target < 0.0 {
-            return id;
-        }
-    }
-    last // rounding left a sliver past the end: the last kept token
+    let total = probs.iter().map(|&(_, p)| weight(p)).sum();
+    let i = draw_weights(probs.iter().map(|&(_, p)| weight(p)), total, rng.next_u64());
+    probs[i as usize].0
 }
 
 /// Temperature alone (OpenAI's default: temperature 1, top-p 1): the same draw as through
-/// [`filtered_probs`] — every token with p > 0, in id order — without building the kept list,
-/// the probabilities and their total in one pass (eight partial sums, so the total may differ
-/// from a serial sum in its last bits).
+/// [`filtered_probs`] — every token with p > 0, in id order — without building the kept list:
+/// the draw a device makes ([`mlaserve_model::RowPick::of`]).
 fn sample_unfiltered(logits: &mut [f32], params: &SamplingParams, rng: &mut Rng) -> u32 {
     let prob = unnormalized_prob(logits, params);
-    let mut part = [0f64; 8];
-    let mut chunks = logits.chunks_exact_mut(8);
-    for c in &mut chunks {
-        for (l, s) in c.iter_mut().zip(&mut part) {
-            *l = prob(*l);
-            *s += *l as f64;
-        }
-    }
-    for (l, s) in chunks.into_remainder().iter_mut().zip(&mut part) {
+    for l in logits.iter_mut() {
         *l = prob(*l);
-        *s += *l as f64;
     }
-    let total: f64 = part.iter().sum();
-    let mut target = rng.next_f64() * total;
-    let mut last = 0;
-    for (id, &p) in logits.iter().enumerate() {
-        if p > 0.0 {
-            last = id;
-            target -= p as f64;
-            if target < 0.0 {
-                return id as u32;
-            }
-        }
-    }
-    last as u32 // rounding left a sliver past the end: the last token with p > 0
+    draw_probs(logits, rng.next_u64())
 }
 
 /// The map from a logit to its unnormalized probability exp((l - max) / T) over this row
 /// (the max token's is 1.0; the row holds no NaN here).
 fn unnormalized_prob(logits: &[f32], params: &SamplingParams) -> impl Fn(f32) -> f32 {
-    let inv_t = 1.0
-        / params
-            .temperature
-            .max(crate::sampling_params::GREEDY_EPSILON);
+    let inv_t = params.inv_temperature();
     let (max, _) = max_and_bad(logits);
-    move |l| ((l - max) * inv_t).exp()
+    move |l| softmax_prob(l, max, inv_t)
 }
 
 /// The kept `(token, unnormalized probability)` pairs in id order, never empty when at
@@ -374,7 +349,7 @@ mod tests {
     }
 
     /// Greedy sampling (`sample`, which checks and reduces a row as a device does: by
-    /// `RowArgmax::of` and `sample_argmax`) gives the errors spelt out here and otherwise
+    /// `RowArgmax::of` and `sample_pick`) gives the errors spelt out here and otherwise
     /// `argmax`'s token (the sampler's own scan, which penalized rows take), over ties, masks,
     /// signed zeros, NaN and infinities, in every position of a long row.
     #[test]
@@ -402,7 +377,7 @@ mod tests {
             }
         }
         let p = SamplingParams::greedy(1);
-        assert!(p.reads_only_argmax());
+        assert!(p.draws_on_device());
         for row in &rows {
             let mut rng = Rng::seed_from_u64(1);
             let got = sample(row, row.len(), &p, &[], &[], &mut rng);
@@ -427,8 +402,19 @@ mod tests {
                 _ => assert_eq!(got, want, "{row:?}"),
             }
         }
+        // filters leave greedy a device's pick, not a draw at a temperature
         for f in [
-            |p: &mut SamplingParams| p.temperature = 0.5,
+            |p: &mut SamplingParams| p.top_p = 0.9,
+            |p: &mut SamplingParams| p.top_k = Some(5),
+            |p: &mut SamplingParams| p.min_p = 0.1,
+        ] {
+            let mut p = SamplingParams::greedy(1);
+            f(&mut p);
+            assert!(p.draws_on_device(), "{p:?}");
+            p.temperature = 0.7;
+            assert!(!p.draws_on_device(), "{p:?}");
+        }
+        for f in [
             |p: &mut SamplingParams| p.logprobs = Some(0),
             |p: &mut SamplingParams| p.repetition_penalty = 1.1,
             |p: &mut SamplingParams| p.presence_penalty = 0.5,
@@ -436,7 +422,9 @@ mod tests {
         ] {
             let mut p = SamplingParams::greedy(1);
             f(&mut p);
-            assert!(!p.reads_only_argmax(), "{p:?}");
+            assert!(!p.draws_on_device(), "{p:?}");
+            p.temperature = 0.7;
+            assert!(!p.draws_on_device(), "{p:?}");
         }
     }
 
@@ -650,7 +638,7 @@ mod tests {
                     .map(|(i, &l)| {
                         (
                             i as u32,
-                            (l - row.iter().copied().fold(f32::MIN, f32::max)).exp(),
+                            softmax_prob(l, row.iter().copied().fold(f32::MIN, f32::max), 1.0),
                         )
                     })
                     .collect();
@@ -705,9 +693,9 @@ mod tests {
 
     #[test]
     fn temperature_alone_draws_as_the_kept_list_does() {
-        // The one-pass path against the general one (filtered_probs, then the CDF walk), on
-        // the same rows and RNG states: the same token but where a draw lands within the
-        // totals' last bits of a boundary (never, over these rows and seeds).
+        // The one-pass path against the general one (filtered_probs with a top-k that keeps
+        // every token, then the CDF walk), on the same rows and RNG states: the same token,
+        // bit for bit (integer weights), and the device's reference draw the same again.
         let mut r = Rng::seed_from_u64(21);
         for n in [1usize, 7, 8, 9, 1000, 4099] {
             let mut row: Vec<f32> = (0..n).map(|_| (r.next_f64() as f32 - 0.5) * 16.0).collect();
@@ -717,20 +705,22 @@ mod tests {
             }
             for t in [0.3f32, 1.0, 2.0] {
                 let p = params(|p| p.temperature = t);
+                let all = params(|p| {
+                    p.temperature = t;
+                    p.top_k = Some(n);
+                });
                 for seed in 0..200 {
                     let fast =
                         sample_unfiltered(&mut row.clone(), &p, &mut Rng::seed_from_u64(seed));
-                    let probs = filtered_probs(&mut row.clone(), &p);
-                    let total: f64 = probs.iter().map(|&(_, q)| q as f64).sum();
-                    let mut target = Rng::seed_from_u64(seed).next_f64() * total;
-                    let want = probs
-                        .iter()
-                        .find(|&&(_, q)| {
-                            target -= q as f64;
-                            target < 0.0
-                        })
-                        .map_or(probs.last().unwrap().0, |&(id, _)| id);
+                    let want =
+                        sample_filtered(&mut row.clone(), &all, &mut Rng::seed_from_u64(seed));
                     assert_eq!(fast, want, "n {n} t {t} seed {seed}");
+                    let draw = p.row_draw(&mut Rng::seed_from_u64(seed));
+                    assert_eq!(
+                        RowPick::of(&row, draw).token_id,
+                        fast,
+                        "n {n} t {t} seed {seed}"
+                    );
                     assert!(row[fast as usize] > -150.0);
                 }
             }

@@ -5,6 +5,9 @@
 //! NOT greedy. Set `temperature = 0.0` for greedy decoding. `max_tokens` defaults to 16 as
 //! in OpenAI's legacy completions API; servers normally set it explicitly.
 
+use crate::rng::Rng;
+use mlaserve_model::RowDraw;
+
 /// Largest `logprobs` (top-N alternatives per token) a request may ask for, as vLLM's
 /// default `max_logprobs`.
 pub const MAX_LOGPROBS: usize = 20;
@@ -82,11 +85,34 @@ impl SamplingParams {
         self.temperature < GREEDY_EPSILON
     }
 
-    /// Whether sampling reads nothing of a logits row but its argmax (and its validity
-    /// checks): greedy, no penalty, no logprobs. Such rows can be reduced on the device
-    /// ([`mlaserve_model::RowArgmax`]).
-    pub fn reads_only_argmax(&self) -> bool {
-        self.is_greedy() && self.logprobs.is_none() && !self.is_penalized()
+    /// Whether a device can pick this row's token from the row alone
+    /// ([`mlaserve_model::RowPick`]): greedy or temperature sampling with no penalty, no
+    /// logprobs, no top-k, top-p or min-p.
+    pub fn draws_on_device(&self) -> bool {
+        self.logprobs.is_none()
+            && !self.is_penalized()
+            && (self.is_greedy()
+                || (self.top_p >= 1.0 && self.top_k.is_none() && self.min_p <= 0.0))
+    }
+
+    /// The device's draw for the next token ([`SamplingParams::draws_on_device`] rows): the
+    /// argmax, or a softmax draw by the next 64 bits of `rng` — which the host sampler would
+    /// have taken for the same token (greedy takes none).
+    pub fn row_draw(&self, rng: &mut Rng) -> RowDraw {
+        if self.is_greedy() {
+            RowDraw::Argmax
+        } else {
+            RowDraw::Softmax {
+                inv_temperature: self.inv_temperature(),
+                random: rng.next_u64(),
+            }
+        }
+    }
+
+    /// `1 / temperature` as the sampler divides by it (temperatures below
+    /// [`GREEDY_EPSILON`] count as it).
+    pub fn inv_temperature(&self) -> f32 {
+        1.0 / self.temperature.max(GREEDY_EPSILON)
     }
 
     /// Whether any repetition, presence or frequency penalty applies.

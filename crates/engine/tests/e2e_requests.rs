@@ -389,15 +389,17 @@ fn step_times_split_prefill_from_decode_steps() {
     }
 }
 
-/// The model runner asks the executor for argmaxes only when every row of the step reads
-/// nothing else: one row at a temperature, with logprobs or with a penalty takes the whole
-/// logits of every row. The argmax step samples what the whole rows sample.
+/// The model runner asks the executor for device picks only when every row of the step is
+/// greedy or at a temperature alone: one row with top-p, logprobs or a penalty takes the whole
+/// logits of every row. The picked step samples what the whole rows sample.
 #[test]
-fn a_step_is_reduced_to_argmaxes_only_when_every_row_is_plain_greedy() {
+fn a_step_is_picked_on_the_device_only_when_every_row_draws_from_the_row_alone() {
     use mlaserve_engine::model_runner::{ModelRunner, StepRows};
     use mlaserve_engine::scheduler::{Scheduler, SchedulerConfig};
     use mlaserve_engine::sequence::Sequence;
-    use mlaserve_model::{CpuExecutor, Executor, ForwardBatch, ModelError, RowArgmax};
+    use mlaserve_model::{
+        CpuExecutor, Executor, ForwardBatch, ModelError, RowArgmax, RowDraw, RowPick,
+    };
     use std::sync::{Arc, Mutex};
 
     /// The CPU executor, recording which of its entry points each step took.
@@ -422,13 +424,14 @@ fn a_step_is_reduced_to_argmaxes_only_when_every_row_is_plain_greedy() {
             self.calls.lock().unwrap().push("logits");
             self.inner.forward_into(b, out)
         }
-        fn forward_argmax(
+        fn forward_picks(
             &mut self,
             b: &ForwardBatch,
-            out: &mut Vec<RowArgmax>,
+            draws: &[RowDraw],
+            out: &mut Vec<RowPick>,
         ) -> Result<(), ModelError> {
-            self.calls.lock().unwrap().push("argmax");
-            self.inner.forward_argmax(b, out)
+            self.calls.lock().unwrap().push("picks");
+            self.inner.forward_picks(b, draws, out)
         }
         fn device(&self) -> String {
             "cpu (recording)".into()
@@ -439,9 +442,18 @@ fn a_step_is_reduced_to_argmaxes_only_when_every_row_is_plain_greedy() {
     let (model, _) = load(M);
     let model = Arc::new(model);
     type Edit = fn(&mut SamplingParams);
-    let other: [(&str, Edit); 5] = [
+    let other: [(&str, Edit); 8] = [
         ("greedy", |_| {}),
         ("temperature", |p| p.temperature = 0.7),
+        ("top-p", |p| {
+            p.temperature = 0.7;
+            p.top_p = 0.9
+        }),
+        ("top-k", |p| {
+            p.temperature = 1.0;
+            p.top_k = Some(3)
+        }),
+        ("greedy top-k", |p| p.top_k = Some(3)),
         ("logprobs", |p| p.logprobs = Some(2)),
         ("repetition penalty", |p| p.repetition_penalty = 1.2),
         ("presence penalty", |p| p.presence_penalty = 0.5),
@@ -468,11 +480,15 @@ fn a_step_is_reduced_to_argmaxes_only_when_every_row_is_plain_greedy() {
         let out = sched.schedule();
         assert_eq!(out.seqs.len(), 2, "{name}: both prompts in one step");
         let step = runner.run(&out, &sched).unwrap();
-        let want = if name == "greedy" { "argmax" } else { "logits" };
+        let want = if matches!(name, "greedy" | "temperature" | "greedy top-k") {
+            "picks"
+        } else {
+            "logits"
+        };
         assert_eq!(*calls.lock().unwrap(), [want], "{name}");
         // the greedy row's token, however the step came back
         let first = match &step.rows {
-            StepRows::Argmax(a) => a[0].token_id,
+            StepRows::Picks(a) => a[0].token_id,
             StepRows::Logits(_) => RowArgmax::of(step.row(0).unwrap()).token_id,
         };
         tokens.push(first);

@@ -6,13 +6,16 @@
 //! row-major for `batch.logits_indices()`, so any executor can be checked against
 //! [`CpuExecutor`] row by row.
 //!
-//! [`Executor::forward_argmax`] is the same step reduced on the device to each row's
-//! [`RowArgmax`]: for steps whose every row samples greedily, so that a GPU ships a few bytes
-//! a row to the host instead of the row (400 KB at a 102,400-token vocabulary).
+//! [`Executor::forward_picks`] is the same step reduced on the device to each row's
+//! [`RowPick`] (its [`RowArgmax`] and its token, greedy or drawn at a temperature:
+//! [`crate::draw`]): for steps whose every row samples without penalties, logprobs or
+//! top-k/top-p/min-p, so that a GPU ships a few bytes a row to the host instead of the row
+//! (400 KB at a 102,400-token vocabulary).
 //!
 //! Invariant: `forward` before `init_cache` is an error, never a panic.
 
 use crate::config::ModelConfig;
+use crate::draw::{RowDraw, RowPick};
 use crate::error::ModelError;
 use crate::forward_batch::{AttentionPath, ForwardBatch};
 use crate::kv_cache::LatentCache;
@@ -38,28 +41,31 @@ pub trait Executor: Send {
         *out = self.forward(batch)?;
         Ok(())
     }
-    /// Runs one step like [`Executor::forward`] and hands back each logits row's
-    /// [`RowArgmax`] (`out` replaced, one a row) instead of the row. By default the logits
-    /// are computed and reduced on the host, rows in parallel; a GPU executor reduces them
-    /// on the device.
-    fn forward_argmax(
+    /// Runs one step like [`Executor::forward`] and hands back, for each logits row, its
+    /// [`RowPick`] under `draws[row]` (`out` replaced, one a row): the row's argmax and the
+    /// token its draw chose, instead of the row. By default the logits are computed and
+    /// reduced on the host, rows in parallel; a GPU executor reduces them on the device.
+    fn forward_picks(
         &mut self,
         batch: &ForwardBatch,
-        out: &mut Vec<RowArgmax>,
+        draws: &[RowDraw],
+        out: &mut Vec<RowPick>,
     ) -> Result<(), ModelError> {
         use rayon::prelude::*;
         let vocab = self.config().vocab_size;
         let logits = self.forward(batch)?;
-        if vocab == 0 || logits.len() % vocab != 0 {
+        if vocab == 0 || logits.len() != draws.len() * vocab {
             return Err(ModelError::Batch(format!(
-                "forward returned {} logits: not whole rows of {vocab}",
-                logits.len()
+                "forward returned {} logits: not {} rows of {vocab}",
+                logits.len(),
+                draws.len()
             )));
         }
         out.clear();
         logits
             .par_chunks_exact(vocab)
-            .map(RowArgmax::of)
+            .zip(draws)
+            .map(|(row, &d)| RowPick::of(row, d))
             .collect_into_vec(out);
         Ok(())
     }

@@ -7,6 +7,7 @@
 
 pub mod config;
 pub mod doctor;
+pub mod draw;
 pub mod dump;
 pub mod error;
 pub mod executor;
@@ -21,6 +22,7 @@ pub mod source;
 pub mod weights;
 
 pub use config::{Arch, Gating, IndexerConfig, ModelConfig, MoeConfig, Yarn};
+pub use draw::{RowDraw, RowPick};
 pub use error::ModelError;
 pub use executor::{CpuExecutor, Executor, RowArgmax};
 pub use forward_batch::{AttentionPath, ForwardBatch, LogitsWanted, SeqInput};

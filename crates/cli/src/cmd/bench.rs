@@ -2,19 +2,22 @@
 //!
 //! pp: one batch of `p` prompt tokens into an empty cache. tg: `n` single-token decode steps
 //! after a 1-token context, each handing back what greedy generation reads — every row's
-//! argmax ([`Executor::forward_argmax`]; `--tg-logits full`: the whole logits rows, as a
-//! sampler at temperature reads them). Each repeated `reps` times; reported as median and
+//! argmax ([`Executor::forward_picks`]; `--tg-logits sample`: a token drawn at temperature
+//! 1 where the logits are; `full`: the whole logits rows, as a sampler with top-p or logprobs
+//! reads them). Each repeated `reps` times; reported as median and
 //! spread.
 
 use anyhow::Result;
-use mlaserve_model::{AttentionPath, Executor, ForwardBatch, LogitsWanted, SeqInput};
+use mlaserve_model::{AttentionPath, Executor, ForwardBatch, LogitsWanted, RowDraw, SeqInput};
 
 /// What each tg step hands back to the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum TgLogits {
     /// Each row's argmax, reduced where the logits are (greedy generation).
     Argmax,
-    /// The whole `[rows, vocab]` logits (sampling at a temperature).
+    /// Each row's token drawn at temperature 1 where the logits are (OpenAI's default).
+    Sample,
+    /// The whole `[rows, vocab]` logits (sampling with top-p, top-k, penalties, logprobs).
     Full,
 }
 use std::time::Instant;
@@ -69,7 +72,8 @@ fn tg(exec: &mut dyn Executor, n: usize, b: usize, rep: u64, out: TgLogits) -> R
         .map(|s| tokens(n + 1, vocab, rep * 7919 + s as u64 + 1000))
         .collect();
     // one output buffer for all steps, as the engine keeps one
-    let (mut logits, mut argmax) = (Vec::new(), Vec::new());
+    let (mut logits, mut picks) = (Vec::new(), Vec::new());
+    let mut draws = vec![RowDraw::Argmax; b];
     let mut step = |i: usize, exec: &mut dyn Executor| -> Result<()> {
         let seqs = (0..b)
             .map(|s| SeqInput {
@@ -81,7 +85,16 @@ fn tg(exec: &mut dyn Executor, n: usize, b: usize, rep: u64, out: TgLogits) -> R
             .collect();
         let batch = ForwardBatch::new(seqs, BS, AttentionPath::Auto)?;
         match out {
-            TgLogits::Argmax => exec.forward_argmax(&batch, &mut argmax)?,
+            TgLogits::Argmax => exec.forward_picks(&batch, &draws, &mut picks)?,
+            TgLogits::Sample => {
+                for (s, d) in draws.iter_mut().enumerate() {
+                    *d = RowDraw::Softmax {
+                        inv_temperature: 1.0,
+                        random: ((i * b + s) as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                    };
+                }
+                exec.forward_picks(&batch, &draws, &mut picks)?
+            }
             TgLogits::Full => exec.forward_into(&batch, &mut logits)?,
         }
         Ok(())
@@ -149,8 +162,10 @@ pub fn run(
             } else {
                 format!("tg{n} b{b}")
             };
-            if tg_logits == TgLogits::Full {
-                name.push_str(" full logits");
+            match tg_logits {
+                TgLogits::Argmax => {}
+                TgLogits::Sample => name.push_str(" sampled"),
+                TgLogits::Full => name.push_str(" full logits"),
             }
             rows.push((name, t, share));
         }

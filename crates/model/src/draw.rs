@@ -1,0 +1,200 @@
+//! One token drawn from `softmax(row / temperature)`, defined so that a GPU and the host
+//! draw the same token from the same random number, bit for bit.
+//!
+//! A float softmax summed in two orders (a warp tree on the device, id order on the host)
+//! can put a draw on either side of a CDF boundary. So the draw is done in integers:
+//! 1. each logit's probability relative to the row's max, `p = exp((l - max) / T)`, is
+//!    computed by [`softmax_prob`] from f32 adds and multiplies alone (no library `exp`, no
+//!    fused multiply-add), the same IEEE operations in `elementwise.cu`'s `softmax_prob`;
+//! 2. its weight is `p · 2^40` truncated to an integer ([`weight`]; tokens with
+//!    `p < 2^-40` weigh 0 and are never drawn);
+//! 3. a 64-bit random number `r` picks `target = (r · total) >> 64` — an integer in
+//!    `[0, total)` — and the token is the first, in id order, whose running weight passes it
+//!    ([`draw_weights`]).
+//!
+//! Integer sums are exact in any order, so the device's tree and the host's scan agree.
+//! Invariant: [`RowPick::of`] is the definition every executor's reduction matches.
+
+use crate::executor::RowArgmax;
+
+/// Weights are fixed-point with this many fraction bits: the max token weighs `2^40`.
+pub const WEIGHT_BITS: i32 = 40;
+
+/// How one logits row becomes a token on the device.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RowDraw {
+    /// Greedy: the row's argmax.
+    Argmax,
+    /// One draw from `softmax(row · inv_temperature)` ([`draw_weights`]) by `random`, the
+    /// next 64 bits of the sequence's own random stream.
+    Softmax { inv_temperature: f32, random: u64 },
+}
+
+/// What a device hands back for one row: its [`RowArgmax`] (the sampler's checks read it)
+/// and the token its [`RowDraw`] chose (the argmax's for `Argmax`, and for a row no sampler
+/// can use: one with NaN / +inf or no value above -inf).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RowPick {
+    pub argmax: RowArgmax,
+    pub token_id: u32,
+}
+
+impl RowPick {
+    /// The reference reduction of one row.
+    pub fn of(row: &[f32], draw: RowDraw) -> Self {
+        let argmax = RowArgmax::of(row);
+        let token_id = match draw {
+            RowDraw::Softmax {
+                inv_temperature,
+                random,
+            } if argmax.first_bad.is_none() && argmax.max > f32::NEG_INFINITY => {
+                let probs: Vec<f32> = row
+                    .iter()
+                    .map(|&l| softmax_prob(l, argmax.max, inv_temperature))
+                    .collect();
+                draw_probs(&probs, random)
+            }
+            _ => argmax.token_id,
+        };
+        Self { argmax, token_id }
+    }
+}
+
+/// `exp((l - max) · inv_t)` for `l <= max` (a row's logit and its max), in `(0, 1]`, or 0
+/// where that is below `e^-28` (so weighs less than 1 in 2^40: -inf logits too). Range
+/// reduction to `2^n · 2^f`, `|f| <= 1/2`, then Cephes' degree-6 polynomial for `2^f` (about
+/// 2 ulp): only IEEE f32 adds and multiplies in a fixed order, which `elementwise.cu` repeats
+/// with `__fadd_rn` / `__fmul_rn` (never contracted to FMAs), so both give the same bits.
+#[inline]
+pub fn softmax_prob(l: f32, max: f32, inv_t: f32) -> f32 {
+    const SHIFTER: f32 = 12_582_912.0; // 1.5 · 2^23: t + SHIFTER rounds t to an integer
+    let x = (l - max) * inv_t;
+    let t = x * std::f32::consts::LOG2_E; // (-40.4, 0] where it counts
+    let r = t + SHIFTER;
+    let n = r - SHIFTER; // round-to-nearest-even(t), in [-40, 0]
+    let f = t - n; // [-1/2, 1/2]
+    let mut p = 1.535_336_2e-4_f32;
+    p = p * f + 1.339_887_4e-3;
+    p = p * f + 9.618_437e-3;
+    p = p * f + 5.550_332_5e-2;
+    p = p * f + 2.402_264_8e-1;
+    p = p * f + 6.931_472e-1;
+    p = p * f + 1.0;
+    let e = (r.to_bits() as i32).wrapping_sub(SHIFTER.to_bits() as i32); // n as an integer
+    let v = p * f32::from_bits((e.wrapping_add(127) as u32) << 23);
+    // computed for every x (no branch: the loops over a row vectorize), kept where it counts:
+    // 0 for -inf logits, NaN, and probabilities below 2^-40 (x <= -28)
+    if x > -28.0 {
+        v
+    } else {
+        0.0
+    }
+}
+
+/// A probability's fixed-point weight: `p · 2^40` (exact), truncated (below 2^41: in i64's
+/// range, whose conversion is one instruction on x86-64).
+#[inline]
+pub fn weight(p: f32) -> u64 {
+    (p * (1u64 << WEIGHT_BITS) as f32) as i64 as u64
+}
+
+/// The draw over a row's probabilities ([`softmax_prob`] of each logit):
+/// [`draw_weights`] of their weights.
+pub fn draw_probs(probs: &[f32], random: u64) -> u32 {
+    let total = probs.iter().map(|&p| weight(p)).sum();
+    draw_weights(probs.iter().map(|&p| weight(p)), total, random)
+}
+
+/// The index, in iteration order, of the first weight whose running sum passes
+/// `(random · total) >> 64`. `total` must be the weights' sum and above 0; past the end (only
+/// if it is not) the last index.
+pub fn draw_weights(weights: impl Iterator<Item = u64>, total: u64, random: u64) -> u32 {
+    let target = ((random as u128 * total as u128) >> 64) as u64;
+    let mut cum = 0u64;
+    let mut last = 0;
+    for (i, w) in weights.enumerate() {
+        cum += w;
+        last = i;
+        if cum > target {
+            return i as u32;
+        }
+    }
+    last as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn softmax_prob_is_close_to_exp() {
+        for &inv_t in &[0.5f32, 1.0, 1.7, 10.0] {
+            for i in 0..4000 {
+                let l = -(i as f32) * 0.007;
+                let want = ((l as f64) * inv_t as f64).exp();
+                let got = softmax_prob(l, 0.0, inv_t) as f64;
+                if want < (-28f64).exp() {
+                    assert_eq!(got, 0.0, "l {l} inv_t {inv_t}");
+                } else {
+                    // f32 rounding of x and of x · log2(e) alone: ~1.2e-7 · |x| relative
+                    let tol = 1e-6 + 1.5e-7 * (l * inv_t).abs() as f64;
+                    assert!(
+                        (got / want - 1.0).abs() < tol,
+                        "l {l} inv_t {inv_t}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+        assert_eq!(softmax_prob(3.0, 3.0, 1.0), 1.0);
+        assert_eq!(softmax_prob(f32::NEG_INFINITY, 3.0, 1.0), 0.0);
+        assert_eq!(weight(1.0), 1 << 40);
+    }
+
+    #[test]
+    fn draws_follow_the_weights_and_the_targets_edges() {
+        let w = [0u64, 3, 0, 5, 2];
+        // target = floor(r · 10 / 2^64): 0..3 -> token 1, 3..8 -> 3, 8..10 -> 4; zeros never
+        let at = |t: u128| draw_weights(w.iter().copied(), 10, (t << 64).div_ceil(10) as u64);
+        for (t, want) in [(0, 1), (2, 1), (3, 3), (7, 3), (8, 4), (9, 4)] {
+            assert_eq!(at(t), want, "target {t}");
+        }
+        assert_eq!(draw_weights(w.iter().copied(), 10, u64::MAX), 4);
+        assert_eq!(draw_weights(w.iter().copied(), 10, 0), 1);
+    }
+
+    #[test]
+    fn picks_draw_in_proportion_and_keep_the_argmax_checks() {
+        let row = [1.0f32, 2.0, f32::NEG_INFINITY, 0.5];
+        let mut counts = [0usize; 4];
+        let n = 20_000u64;
+        for k in 0..n {
+            let random = k.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let p = RowPick::of(
+                &row,
+                RowDraw::Softmax {
+                    inv_temperature: 1.0,
+                    random,
+                },
+            );
+            assert_eq!(p.argmax, RowArgmax::of(&row));
+            counts[p.token_id as usize] += 1;
+        }
+        let z: f64 = [1.0f64, 2.0, 0.5].iter().map(|l| l.exp()).sum();
+        for (i, l) in [(0, 1.0f64), (1, 2.0), (3, 0.5)] {
+            let want = l.exp() / z;
+            let got = counts[i] as f64 / n as f64;
+            assert!((got - want).abs() < 0.01, "token {i}: {got} vs {want}");
+        }
+        assert_eq!(counts[2], 0);
+        let bad = [1.0f32, f32::NAN, 3.0];
+        let draw = RowDraw::Softmax {
+            inv_temperature: 1.0,
+            random: 7,
+        };
+        assert_eq!(
+            RowPick::of(&bad, draw).token_id,
+            RowArgmax::of(&bad).token_id
+        );
+        assert_eq!(RowPick::of(&row, RowDraw::Argmax).token_id, 1);
+    }
+}

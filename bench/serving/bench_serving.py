@@ -45,12 +45,12 @@ class RequestResult:
 
 
 async def one_request(client: httpx.AsyncClient, model: str, prompt: list, output_len: int,
-                      temperature: float) -> RequestResult:
+                      sampling: dict) -> RequestResult:
     body = {
         "model": model,
         "prompt": prompt,
         "max_tokens": output_len,
-        "temperature": temperature,
+        **sampling,
         "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -106,14 +106,14 @@ def summarize(values_s: list) -> dict:
 
 
 async def run_level(base_url: str, model: str, prompts: list, output_len: int, concurrency: int,
-                    temperature: float, timeout: float) -> dict:
+                    sampling: dict, timeout: float) -> dict:
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits) as client:
         semaphore = asyncio.Semaphore(concurrency)
 
         async def guarded(prompt):
             async with semaphore:
-                return await one_request(client, model, prompt, output_len, temperature)
+                return await one_request(client, model, prompt, output_len, sampling)
 
         start = time.perf_counter()
         results = await asyncio.gather(*(guarded(p) for p in prompts))
@@ -150,6 +150,8 @@ def main() -> int:
     ap.add_argument("--vocab-size", type=int, default=500, help="prompt ids are drawn below this")
     ap.add_argument("--min-token-id", type=int, default=10, help="prompt ids are drawn from here up")
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top-p", type=float, help="top_p of every request (default: not sent)")
+    ap.add_argument("--top-k", type=int, help="top_k of every request (default: not sent)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
     ap.add_argument("--warmup", type=int, default=2, help="requests sent before measuring")
@@ -165,9 +167,14 @@ def main() -> int:
         return [[rng.randrange(args.min_token_id, args.vocab_size) for _ in range(args.input_len)]
                 for _ in range(count)]
 
+    sampling = {"temperature": args.temperature}
+    if args.top_p is not None:
+        sampling["top_p"] = args.top_p
+    if args.top_k is not None:
+        sampling["top_k"] = args.top_k
     if args.warmup:
         asyncio.run(run_level(base_url, model, prompts(args.warmup), min(args.output_len, 8), 1,
-                              args.temperature, args.timeout))
+                              sampling, args.timeout))
     report = {
         "tool": "bench/serving/bench_serving.py",
         "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -177,11 +184,12 @@ def main() -> int:
         "input_len": args.input_len,
         "output_len": args.output_len,
         "temperature": args.temperature,
+        "sampling": sampling,
         "levels": [],
     }
     for c in levels:
         n = args.num_prompts or max(4 * c, 8)
-        level = asyncio.run(run_level(base_url, model, prompts(n), args.output_len, c, args.temperature,
+        level = asyncio.run(run_level(base_url, model, prompts(n), args.output_len, c, sampling,
                                       args.timeout))
         print(f"concurrency {c}: {level['completed']}/{n} ok, {level['output_throughput_tok_s']} tok/s, "
               f"TTFT p50 {level['ttft_ms']['p50']} ms, TPOT p50 {level['tpot_ms']['p50']} ms", file=sys.stderr)

@@ -87,8 +87,9 @@ enum Command {
         #[arg(short = 'b', long, value_delimiter = ',', default_value = "1")]
         batch: Vec<usize>,
         /// What each tg step hands back: every row's argmax (greedy generation), a token
-        /// drawn at temperature 1 on the device (`sample`), or the whole logits rows (a sampler
-        /// with top-p or logprobs reads them).
+        /// drawn at temperature 1 on the device (`sample`; `sample-filtered`: with top-k 50 and
+        /// top-p 0.95), or the whole logits rows (a sampler with penalties or logprobs reads
+        /// them).
         #[arg(long, value_enum, default_value = "argmax")]
         tg_logits: cmd::bench::TgLogits,
         #[arg(long)]

@@ -108,6 +108,7 @@ fn draw_words(draws: &[RowDraw]) -> Vec<u32> {
             RowDraw::Softmax {
                 inv_temperature,
                 random,
+                .. // no filter: forward_picks takes filtered draws on the host
             } => [
                 inv_temperature.to_bits(),
                 random as u32,
@@ -1579,8 +1580,14 @@ impl Executor for CudaExecutor {
         draws: &[RowDraw],
         out: &mut Vec<RowPick>,
     ) -> std::result::Result<(), ModelError> {
-        if probe::active() {
-            // probes and dumps see the logits as every other step shows them
+        let filtered = draws
+            .iter()
+            .any(|d| matches!(d, RowDraw::Softmax { filter, .. } if !filter.is_none()));
+        if probe::active() || filtered {
+            // Probes and dumps see the logits as every other step shows them. Draws with
+            // top-k / top-p / min-p are picked from the whole rows on the host: `logits_pick`
+            // draws over every token (its filtered version is bench/cuda/pick-filtered-s29.patch,
+            // not yet run on a GPU).
             let mut logits = Vec::new();
             self.forward_into(batch, &mut logits)?;
             let vocab = self.model.config().vocab_size;
@@ -1591,13 +1598,13 @@ impl Executor for CudaExecutor {
                     logits.len() / vocab
                 )));
             }
+            use rayon::prelude::*;
             out.clear();
-            out.extend(
-                logits
-                    .chunks_exact(vocab)
-                    .zip(draws)
-                    .map(|(r, &d)| RowPick::of(r, d)),
-            );
+            logits
+                .par_chunks_exact(vocab)
+                .zip(draws)
+                .map(|(r, &d)| RowPick::of(r, d))
+                .collect_into_vec(out);
             return Ok(());
         }
         self.step_into(batch, &mut Sink::Picks(draws, out))

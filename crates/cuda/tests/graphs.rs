@@ -12,8 +12,8 @@
 use mlaserve_cuda::CudaExecutor;
 use mlaserve_model::score::argmax;
 use mlaserve_model::{
-    AttentionPath, Executor, ForwardBatch, LoadOptions, LogitsWanted, Model, RowDraw, RowPick,
-    SeqInput,
+    AttentionPath, Executor, Filter, ForwardBatch, LoadOptions, LogitsWanted, Model, RowDraw,
+    RowPick, SeqInput,
 };
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -190,6 +190,7 @@ fn device_picks_are_the_picks_of_the_logits() {
                     k => RowDraw::Softmax {
                         inv_temperature: [1.0, 0.7, 2.0][(s + k) % 3],
                         random: ((s * 31 + r) as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                        filter: Filter::NONE,
                     },
                 })
                 .collect()

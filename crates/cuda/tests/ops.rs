@@ -3473,7 +3473,7 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
 /// as float4 and as scalars, with ties, signed zeros, masked (-inf) rows and values, NaN and
 /// +inf anywhere. The error is the number of rows that differ.
 fn logits_pick(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
-    use mlaserve_model::{RowDraw, RowPick};
+    use mlaserve_model::{Filter, RowDraw, RowPick};
     // 154,880 and 40,001: a warp's segment of more than 32 steps (float4 and scalar loads)
     let shapes = [
         (1, 102_400),
@@ -3536,6 +3536,7 @@ fn logits_pick(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                         } else {
                             (rng.below(1 << 30) as u64) << 34 | rng.below(1 << 30) as u64
                         },
+                        filter: Filter::NONE,
                     },
                 })
                 .collect();
@@ -3546,6 +3547,7 @@ fn logits_pick(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                     RowDraw::Softmax {
                         inv_temperature,
                         random,
+                        ..
                     } => [
                         inv_temperature.to_bits(),
                         random as u32,

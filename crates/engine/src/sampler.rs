@@ -20,7 +20,7 @@
 
 use std::collections::HashMap;
 
-use mlaserve_model::draw::{draw_probs, draw_weights, softmax_prob, weight};
+use mlaserve_model::draw::{draw_kept, draw_probs, filtered, softmax_prob};
 use mlaserve_model::{RowArgmax, RowPick};
 
 use crate::request::TokenLogprob;
@@ -205,10 +205,8 @@ fn sample_filtered(logits: &mut [f32], params: &SamplingParams, rng: &mut Rng) -
     if params.top_p >= 1.0 && params.top_k.is_none() && params.min_p <= 0.0 {
         return sample_unfiltered(logits, params, rng);
     }
-    let probs = filtered_probs(logits, params);
-    let total = probs.iter().map(|&(_, p)| weight(p)).sum();
-    let i = draw_weights(probs.iter().map(|&(_, p)| weight(p)), total, rng.next_u64());
-    probs[i as usize].0
+    let kept = filtered_probs(logits, params);
+    kept[draw_kept(&kept, rng.next_u64()) as usize].0
 }
 
 /// Temperature alone (OpenAI's default: temperature 1, top-p 1): the same draw as through
@@ -231,68 +229,14 @@ fn unnormalized_prob(logits: &[f32], params: &SamplingParams) -> impl Fn(f32) ->
 }
 
 /// The kept `(token, unnormalized probability)` pairs in id order, never empty when at
-/// least one logit is finite.
+/// least one logit is finite ([`mlaserve_model::draw::filtered`], the definition a device
+/// draws by too).
 pub fn filtered_probs(logits: &mut [f32], params: &SamplingParams) -> Vec<(u32, f32)> {
     let prob = unnormalized_prob(logits, params);
     for l in logits.iter_mut() {
         *l = prob(*l);
     }
-    let min_keep = if params.min_p > 0.0 {
-        params.min_p
-    } else {
-        0.0
-    };
-    let mut kept: Vec<(u32, f32)> = logits
-        .iter()
-        .enumerate()
-        .filter(|(_, &p)| p > 0.0 && p >= min_keep)
-        .map(|(i, &p)| (i as u32, p))
-        .collect();
-    let n_kept = kept.len();
-    // Rank: higher probability first, lower id first among equals.
-    let rank = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    if let Some(k) = params.top_k {
-        if k < kept.len() {
-            kept.select_nth_unstable_by(k - 1, rank);
-            kept.truncate(k);
-        }
-    }
-    if params.top_p < 1.0 {
-        // The nucleus: the shortest rank-order prefix whose mass reaches top_p of the total.
-        // Sorted a candidate set at a time (the top m, m growing 8x while the mass falls
-        // short) instead of the whole vocabulary: the same prefix as a full sort, since the
-        // rank is a total order. The total is summed in id order (a full sort summed it in
-        // rank order: the f64 sums can differ in the last bit, so a prefix ending exactly at
-        // the target can differ by one token).
-        let total: f64 = kept.iter().map(|&(_, p)| p as f64).sum();
-        let target = params.top_p as f64 * total;
-        let mut m = kept.len().min(256);
-        loop {
-            if m < kept.len() {
-                kept.select_nth_unstable_by(m - 1, rank);
-            }
-            kept[..m].sort_unstable_by(rank);
-            let mut cum = 0.0;
-            let mut n = 0;
-            for &(_, p) in &kept[..m] {
-                cum += p as f64;
-                n += 1;
-                if cum >= target {
-                    break;
-                }
-            }
-            if cum >= target || m == kept.len() {
-                kept.truncate(n.max(1));
-                break;
-            }
-            m = (m * 8).min(kept.len());
-        }
-    }
-    // Built in id order; only top-k and top-p reorder it.
-    if params.top_k.is_some_and(|k| k < n_kept) || params.top_p < 1.0 {
-        kept.sort_unstable_by_key(|&(id, _)| id);
-    }
-    kept
+    filtered(logits, &params.filter())
 }
 
 /// `log_softmax(raw)` at `token_id` and the `n` most likely tokens (lower id first on ties).
@@ -722,6 +666,44 @@ mod tests {
                         "n {n} t {t} seed {seed}"
                     );
                     assert!(row[fast as usize] > -150.0);
+                }
+            }
+        }
+    }
+
+    /// The reference draw (`RowPick::of` under the parameters' `row_draw`, what a device must
+    /// pick) is the token `sample` draws from the whole row, with top-k, top-p and min-p alone
+    /// and together, on flat and peaked rows with ties and masked tokens.
+    #[test]
+    fn filtered_draws_are_the_device_references() {
+        let mut r = Rng::seed_from_u64(33);
+        for (n, spread) in [(50usize, 0.0f32), (3000, 0.5), (3000, 12.0), (20000, 3.0)] {
+            let mut row: Vec<f32> = (0..n)
+                .map(|_| ((r.next_f64() as f32 - 0.5) * spread * 8.0).round() / 8.0)
+                .collect();
+            row[n / 3] = f32::NEG_INFINITY;
+            for (t, top_k, top_p, min_p) in [
+                (1.0f32, Some(1usize), 1.0f32, 0.0f32),
+                (0.7, Some(40), 1.0, 0.0),
+                (1.0, None, 0.9, 0.0),
+                (1.3, None, 0.5, 0.0),
+                (0.8, None, 1.0, 0.05),
+                (0.8, Some(100), 0.95, 0.01),
+                (2.0, Some(n + 5), 0.999, 0.0),
+            ] {
+                let p = params(|p| {
+                    p.temperature = t;
+                    p.top_k = top_k;
+                    p.top_p = top_p;
+                    p.min_p = min_p;
+                });
+                for seed in 0..40 {
+                    let got = sample(&row, n, &p, &[], &[], &mut Rng::seed_from_u64(seed))
+                        .unwrap()
+                        .token_id;
+                    let draw = p.row_draw(&mut Rng::seed_from_u64(seed));
+                    let want = RowPick::of(&row, draw).token_id;
+                    assert_eq!(got, want, "n {n} spread {spread} {p:?} seed {seed}");
                 }
             }
         }

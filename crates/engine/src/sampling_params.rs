@@ -6,7 +6,7 @@
 //! in OpenAI's legacy completions API; servers normally set it explicitly.
 
 use crate::rng::Rng;
-use mlaserve_model::RowDraw;
+use mlaserve_model::{Filter, RowDraw};
 
 /// Largest `logprobs` (top-N alternatives per token) a request may ask for, as vLLM's
 /// default `max_logprobs`.
@@ -85,14 +85,13 @@ impl SamplingParams {
         self.temperature < GREEDY_EPSILON
     }
 
-    /// Whether a device can pick this row's token from the row alone
-    /// ([`mlaserve_model::RowPick`]): greedy or temperature sampling with no penalty, no
-    /// logprobs, no top-k, top-p or min-p.
+    /// Whether a device picks this row's token from the row alone
+    /// ([`mlaserve_model::RowPick`]): greedy or at a temperature alone (no top-k, top-p or
+    /// min-p: the GPU's kernel draws over every token), no penalty, no logprobs.
     pub fn draws_on_device(&self) -> bool {
         self.logprobs.is_none()
             && !self.is_penalized()
-            && (self.is_greedy()
-                || (self.top_p >= 1.0 && self.top_k.is_none() && self.min_p <= 0.0))
+            && (self.is_greedy() || self.filter().is_none())
     }
 
     /// The device's draw for the next token ([`SamplingParams::draws_on_device`] rows): the
@@ -105,7 +104,17 @@ impl SamplingParams {
             RowDraw::Softmax {
                 inv_temperature: self.inv_temperature(),
                 random: rng.next_u64(),
+                filter: self.filter(),
             }
+        }
+    }
+
+    /// The top-k, top-p and min-p as a draw's [`Filter`].
+    pub fn filter(&self) -> Filter {
+        Filter {
+            top_k: self.top_k.map_or(0, |k| k.min(u32::MAX as usize) as u32),
+            top_p: self.top_p,
+            min_p: self.min_p,
         }
     }
 

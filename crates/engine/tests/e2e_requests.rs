@@ -390,8 +390,8 @@ fn step_times_split_prefill_from_decode_steps() {
 }
 
 /// The model runner asks the executor for device picks only when every row of the step is
-/// greedy or at a temperature alone: one row with top-p, logprobs or a penalty takes the whole
-/// logits of every row. The picked step samples what the whole rows sample.
+/// greedy or at a temperature alone: one row with top-k, top-p, logprobs or a penalty takes
+/// the whole logits of every row. The picked step samples what the whole rows sample.
 #[test]
 fn a_step_is_picked_on_the_device_only_when_every_row_draws_from_the_row_alone() {
     use mlaserve_engine::model_runner::{ModelRunner, StepRows};

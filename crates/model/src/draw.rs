@@ -8,9 +8,12 @@
 //!    fused multiply-add), the same IEEE operations in `elementwise.cu`'s `softmax_prob`;
 //! 2. its weight is `p · 2^40` truncated to an integer ([`weight`]; tokens with
 //!    `p < 2^-40` weigh 0 and are never drawn);
-//! 3. a 64-bit random number `r` picks `target = (r · total) >> 64` — an integer in
-//!    `[0, total)` — and the token is the first, in id order, whose running weight passes it
-//!    ([`draw_weights`]).
+//! 3. a [`Filter`] keeps min-p (`p >= min_p`), top-k (the k best by rank: p descending, lower
+//!    id first) and top-p (the shortest rank-order prefix whose weights reach
+//!    `ceil(top_p · total)`, in integers too: [`filtered`]);
+//! 4. a 64-bit random number `r` picks `target = (r · total) >> 64` — an integer in
+//!    `[0, total)` over the kept weights — and the token is the first kept one, in id order,
+//!    whose running weight passes it ([`draw_weights`]).
 //!
 //! Integer sums are exact in any order, so the device's tree and the host's scan agree.
 //! Invariant: [`RowPick::of`] is the definition every executor's reduction matches.
@@ -20,14 +23,42 @@ use crate::executor::RowArgmax;
 /// Weights are fixed-point with this many fraction bits: the max token weighs `2^40`.
 pub const WEIGHT_BITS: i32 = 40;
 
+/// Which tokens a draw may pick ([`filtered`]); every field at its "off" value keeps every
+/// token with a weight.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Filter {
+    /// Keep the k best (0: off).
+    pub top_k: u32,
+    /// Keep the nucleus reaching this share of the weight (>= 1: off).
+    pub top_p: f32,
+    /// Keep tokens with `p >= min_p` (the max's p is 1; <= 0: off).
+    pub min_p: f32,
+}
+
+impl Filter {
+    pub const NONE: Filter = Filter {
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+    };
+
+    pub fn is_none(&self) -> bool {
+        self.top_k == 0 && self.top_p >= 1.0 && self.min_p <= 0.0
+    }
+}
+
 /// How one logits row becomes a token on the device.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum RowDraw {
     /// Greedy: the row's argmax.
     Argmax,
-    /// One draw from `softmax(row · inv_temperature)` ([`draw_weights`]) by `random`, the
-    /// next 64 bits of the sequence's own random stream.
-    Softmax { inv_temperature: f32, random: u64 },
+    /// One draw from `softmax(row · inv_temperature)` over the tokens `filter` keeps
+    /// ([`draw_weights`]) by `random`, the next 64 bits of the sequence's own random stream.
+    Softmax {
+        inv_temperature: f32,
+        random: u64,
+        filter: Filter,
+    },
 }
 
 /// What a device hands back for one row: its [`RowArgmax`] (the sampler's checks read it)
@@ -47,12 +78,18 @@ impl RowPick {
             RowDraw::Softmax {
                 inv_temperature,
                 random,
+                filter,
             } if argmax.first_bad.is_none() && argmax.max > f32::NEG_INFINITY => {
                 let probs: Vec<f32> = row
                     .iter()
                     .map(|&l| softmax_prob(l, argmax.max, inv_temperature))
                     .collect();
-                draw_probs(&probs, random)
+                if filter.is_none() {
+                    draw_probs(&probs, random)
+                } else {
+                    let kept = filtered(&probs, &filter);
+                    kept[draw_kept(&kept, random) as usize].0
+                }
             }
             _ => argmax.token_id,
         };
@@ -103,6 +140,75 @@ pub fn weight(p: f32) -> u64 {
 pub fn draw_probs(probs: &[f32], random: u64) -> u32 {
     let total = probs.iter().map(|&p| weight(p)).sum();
     draw_weights(probs.iter().map(|&p| weight(p)), total, random)
+}
+
+/// The index into `kept` ([`filtered`]'s `(id, p)` pairs) of the draw by `random` over their
+/// weights.
+pub fn draw_kept(kept: &[(u32, f32)], random: u64) -> u32 {
+    let total = kept.iter().map(|&(_, p)| weight(p)).sum();
+    draw_weights(kept.iter().map(|&(_, p)| weight(p)), total, random)
+}
+
+/// The weight top-p's nucleus must reach: `ceil(top_p · total)` in f64 (`total` rounded to
+/// f64 first), at most `total`, as `elementwise.cu` computes it.
+pub fn nucleus_target(total: u64, top_p: f32) -> u64 {
+    ((top_p as f64 * total as f64).ceil() as u64).min(total)
+}
+
+/// The tokens `f` keeps of a row's probabilities ([`softmax_prob`] of each logit), as
+/// `(id, p)` in id order; never empty when the row has a p of 1 (its max). min-p first
+/// (`p > 0` and `p >= min_p`), then top-k of those by rank (p descending, lower id first),
+/// then top-p of those: the shortest rank-order prefix whose running weight reaches
+/// [`nucleus_target`] of their total weight.
+pub fn filtered(probs: &[f32], f: &Filter) -> Vec<(u32, f32)> {
+    let min_keep = if f.min_p > 0.0 { f.min_p } else { 0.0 };
+    let mut kept: Vec<(u32, f32)> = probs
+        .iter()
+        .enumerate()
+        .filter(|(_, &p)| p > 0.0 && p >= min_keep)
+        .map(|(i, &p)| (i as u32, p))
+        .collect();
+    let n_kept = kept.len();
+    // Rank: higher probability first, lower id first among equals.
+    let rank = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    let k = f.top_k as usize;
+    if k > 0 && k < kept.len() {
+        kept.select_nth_unstable_by(k - 1, rank);
+        kept.truncate(k);
+    }
+    if f.top_p < 1.0 {
+        // Sorted a candidate set at a time (the top m, m growing 8x while the weight falls
+        // short) instead of the whole vocabulary: the same prefix as a full sort, since the
+        // rank is a total order.
+        let total = kept.iter().map(|&(_, p)| weight(p)).sum();
+        let target = nucleus_target(total, f.top_p);
+        let mut m = kept.len().min(256);
+        loop {
+            if m < kept.len() {
+                kept.select_nth_unstable_by(m - 1, rank);
+            }
+            kept[..m].sort_unstable_by(rank);
+            let mut cum = 0u64;
+            let mut n = 0;
+            for &(_, p) in &kept[..m] {
+                cum += weight(p);
+                n += 1;
+                if cum >= target {
+                    break;
+                }
+            }
+            if cum >= target || m == kept.len() {
+                kept.truncate(n.max(1));
+                break;
+            }
+            m = (m * 8).min(kept.len());
+        }
+    }
+    // Built in id order; only top-k and top-p reorder it.
+    if (k > 0 && k < n_kept) || f.top_p < 1.0 {
+        kept.sort_unstable_by_key(|&(id, _)| id);
+    }
+    kept
 }
 
 /// The index, in iteration order, of the first weight whose running sum passes
@@ -174,6 +280,7 @@ mod tests {
                 RowDraw::Softmax {
                     inv_temperature: 1.0,
                     random,
+                    filter: Filter::NONE,
                 },
             );
             assert_eq!(p.argmax, RowArgmax::of(&row));
@@ -190,6 +297,7 @@ mod tests {
         let draw = RowDraw::Softmax {
             inv_temperature: 1.0,
             random: 7,
+            filter: Filter::NONE,
         };
         assert_eq!(
             RowPick::of(&bad, draw).token_id,

@@ -22,7 +22,7 @@ pub mod source;
 pub mod weights;
 
 pub use config::{Arch, Gating, IndexerConfig, ModelConfig, MoeConfig, Yarn};
-pub use draw::{RowDraw, RowPick};
+pub use draw::{Filter, RowDraw, RowPick};
 pub use error::ModelError;
 pub use executor::{CpuExecutor, Executor, RowArgmax};
 pub use forward_batch::{AttentionPath, ForwardBatch, LogitsWanted, SeqInput};

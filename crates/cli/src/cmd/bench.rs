@@ -3,12 +3,14 @@
 //! pp: one batch of `p` prompt tokens into an empty cache. tg: `n` single-token decode steps
 //! after a 1-token context, each handing back what greedy generation reads — every row's
 //! argmax ([`Executor::forward_picks`]; `--tg-logits sample`: a token drawn at temperature
-//! 1 where the logits are; `full`: the whole logits rows, as a sampler with top-p or logprobs
-//! reads them). Each repeated `reps` times; reported as median and
+//! 1 where the logits are, `sample-filtered` with top-k 50 and top-p 0.95; `full`: the whole
+//! logits rows, as a sampler with penalties or logprobs reads them). Each repeated `reps` times; reported as median and
 //! spread.
 
 use anyhow::Result;
-use mlaserve_model::{AttentionPath, Executor, ForwardBatch, LogitsWanted, RowDraw, SeqInput};
+use mlaserve_model::{
+    AttentionPath, Executor, Filter, ForwardBatch, LogitsWanted, RowDraw, SeqInput,
+};
 
 /// What each tg step hands back to the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -17,6 +19,9 @@ pub enum TgLogits {
     Argmax,
     /// Each row's token drawn at temperature 1 where the logits are (OpenAI's default).
     Sample,
+    /// Each row's token drawn at temperature 1 with top-k 50 and top-p 0.95 where the logits
+    /// are.
+    SampleFiltered,
     /// The whole `[rows, vocab]` logits (sampling with top-p, top-k, penalties, logprobs).
     Full,
 }
@@ -86,11 +91,20 @@ fn tg(exec: &mut dyn Executor, n: usize, b: usize, rep: u64, out: TgLogits) -> R
         let batch = ForwardBatch::new(seqs, BS, AttentionPath::Auto)?;
         match out {
             TgLogits::Argmax => exec.forward_picks(&batch, &draws, &mut picks)?,
-            TgLogits::Sample => {
+            TgLogits::Sample | TgLogits::SampleFiltered => {
+                let filter = match out {
+                    TgLogits::SampleFiltered => Filter {
+                        top_k: 50,
+                        top_p: 0.95,
+                        min_p: 0.0,
+                    },
+                    _ => Filter::NONE,
+                };
                 for (s, d) in draws.iter_mut().enumerate() {
                     *d = RowDraw::Softmax {
                         inv_temperature: 1.0,
                         random: ((i * b + s) as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                        filter,
                     };
                 }
                 exec.forward_picks(&batch, &draws, &mut picks)?
@@ -165,6 +179,7 @@ pub fn run(
             match tg_logits {
                 TgLogits::Argmax => {}
                 TgLogits::Sample => name.push_str(" sampled"),
+                TgLogits::SampleFiltered => name.push_str(" sampled top-k/top-p"),
                 TgLogits::Full => name.push_str(" full logits"),
             }
             rows.push((name, t, share));

@@ -715,6 +715,14 @@ impl CudaExecutor {
                 if rows == 0 {
                     return self.gpu.sync();
                 }
+                // the kernel's weights need p in [0, 1]: 1/T finite and above 0
+                if let Some(d) = draws.iter().find(|d| {
+                    matches!(d, RowDraw::Softmax { inv_temperature: t, .. } if !(t.is_finite() && *t > 0.0))
+                }) {
+                    return Err(CudaError::Invalid(format!(
+                        "a draw needs 1/temperature finite and above 0: {d:?}"
+                    )));
+                }
                 let (argmax, picked, at) =
                     (picks, picks + 16 * rows as u64, picks + 20 * rows as u64);
                 let words = draw_words(draws);

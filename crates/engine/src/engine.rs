@@ -391,8 +391,12 @@ fn sample_rows(
         let mut rng = seq.rng.clone();
         let sampled = match &step.rows {
             StepRows::Picks(a) => {
-                seq.params.row_draw(&mut rng); // the bits the device drew with
-                sampler::sample_pick(&a[i])
+                let picked = sampler::sample_pick(&a[i]);
+                if picked.is_ok() {
+                    // the bits the device drew with (`sample` draws none for a bad row either)
+                    seq.params.row_draw(&mut rng);
+                }
+                picked
             }
             StepRows::Logits(_) => {
                 seq.sample_with(step.row(i).expect("a logits row"), vocab_size, &mut rng)

@@ -162,53 +162,105 @@ pub fn nucleus_target(total: u64, top_p: f32) -> u64 {
 /// [`nucleus_target`] of their total weight.
 pub fn filtered(probs: &[f32], f: &Filter) -> Vec<(u32, f32)> {
     let min_keep = if f.min_p > 0.0 { f.min_p } else { 0.0 };
-    let mut kept: Vec<(u32, f32)> = probs
+    let k0 = |_: usize, p: f32| p > 0.0 && p >= min_keep;
+    let k = f.top_k as u64;
+    let cut_k = if k > 0 && k < probs.iter().filter(|&&p| k0(0, p)).count() as u64 {
+        Some(rank_cut(probs, k0, k, |_| 1))
+    } else {
+        None
+    };
+    let k1 = |i: usize, p: f32| k0(i, p) && cut_k.is_none_or(|c| ranks_within((i as u32, p), c));
+    let cut_p = if f.top_p < 1.0 {
+        let total = kept_measure(probs, k1, weight);
+        Some(rank_cut(probs, k1, nucleus_target(total, f.top_p), weight))
+    } else {
+        None
+    };
+    probs
         .iter()
         .enumerate()
-        .filter(|(_, &p)| p > 0.0 && p >= min_keep)
+        .filter(|&(i, &p)| k1(i, p) && cut_p.is_none_or(|c| ranks_within((i as u32, p), c)))
         .map(|(i, &p)| (i as u32, p))
-        .collect();
-    let n_kept = kept.len();
-    // Rank: higher probability first, lower id first among equals.
-    let rank = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    let k = f.top_k as usize;
-    if k > 0 && k < kept.len() {
-        kept.select_nth_unstable_by(k - 1, rank);
-        kept.truncate(k);
-    }
-    if f.top_p < 1.0 {
-        // Sorted a candidate set at a time (the top m, m growing 8x while the weight falls
-        // short) instead of the whole vocabulary: the same prefix as a full sort, since the
-        // rank is a total order.
-        let total = kept.iter().map(|&(_, p)| weight(p)).sum();
-        let target = nucleus_target(total, f.top_p);
-        let mut m = kept.len().min(256);
-        loop {
-            if m < kept.len() {
-                kept.select_nth_unstable_by(m - 1, rank);
-            }
-            kept[..m].sort_unstable_by(rank);
-            let mut cum = 0u64;
-            let mut n = 0;
-            for &(_, p) in &kept[..m] {
-                cum += weight(p);
-                n += 1;
-                if cum >= target {
-                    break;
-                }
-            }
-            if cum >= target || m == kept.len() {
-                kept.truncate(n.max(1));
-                break;
-            }
-            m = (m * 8).min(kept.len());
+        .collect()
+}
+
+/// The sum of `measure` over the tokens `keep` keeps.
+fn kept_measure(
+    probs: &[f32],
+    keep: impl Fn(usize, f32) -> bool,
+    measure: impl Fn(f32) -> u64,
+) -> u64 {
+    let mut sum = 0;
+    for (i, &p) in probs.iter().enumerate() {
+        if keep(i, p) {
+            sum += measure(p);
         }
     }
-    // Built in id order; only top-k and top-p reorder it.
-    if (k > 0 && k < n_kept) || f.top_p < 1.0 {
-        kept.sort_unstable_by_key(|&(id, _)| id);
+    sum
+}
+
+/// Whether `(id, p)` ranks at or above `cut` (p descending, lower id first among equals).
+fn ranks_within((id, p): (u32, f32), cut: (u32, f32)) -> bool {
+    p > cut.1 || (p == cut.1 && id <= cut.0)
+}
+
+/// The last token, in rank order (p descending, lower id first), of the shortest rank-order
+/// prefix of the tokens `keep` keeps whose running `measure` reaches `need` (at least 1, at
+/// most their whole sum). A radix select on the probabilities' bits (monotone for p >= 0), ten
+/// bits at a time from bit 29 (p <= 1 leaves 30 and 31 clear), the first digit over the row,
+/// the next over the tokens that share it, then the tied tokens by id: O(n) where a sort of
+/// the candidates is O(n log n).
+fn rank_cut(
+    probs: &[f32],
+    keep: impl Fn(usize, f32) -> bool,
+    need: u64,
+    measure: impl Fn(f32) -> u64,
+) -> (u32, f32) {
+    let digit = |p: f32, shift: u32| ((p.to_bits() >> shift) & 0x3FF) as usize;
+    // the digit of the bin where the running measure, from the top bin down, reaches `need`
+    // (which becomes the need within it)
+    let pick = |bins: &[u64], need: &mut u64| -> usize {
+        for d in (0..bins.len()).rev() {
+            if bins[d] >= *need {
+                return d;
+            }
+            *need -= bins[d];
+        }
+        0 // `need` past the sum: not reached by callers
+    };
+    let mut need = need.max(1);
+    let mut bins = vec![0u64; 1024];
+    for (i, &p) in probs.iter().enumerate() {
+        if keep(i, p) {
+            bins[digit(p, 20)] += measure(p);
+        }
     }
-    kept
+    let d = pick(&bins, &mut need);
+    let mut cands: Vec<(u32, f32)> = probs
+        .iter()
+        .enumerate()
+        .filter(|&(i, &p)| keep(i, p) && digit(p, 20) == d)
+        .map(|(i, &p)| (i as u32, p))
+        .collect();
+    for shift in [10u32, 0] {
+        bins.fill(0);
+        for &(_, p) in &cands {
+            bins[digit(p, shift)] += measure(p);
+        }
+        let d = pick(&bins, &mut need);
+        cands.retain(|&(_, p)| digit(p, shift) == d);
+    }
+    // one key left: ties in id order
+    let mut cum = 0u64;
+    for &t in &cands {
+        cum += measure(t.1);
+        if cum >= need {
+            return t;
+        }
+    }
+    *cands
+        .last()
+        .expect("a bin that reached `need` holds tokens")
 }
 
 /// The index, in iteration order, of the first weight whose running sum passes
@@ -304,5 +356,107 @@ mod tests {
             RowArgmax::of(&bad).token_id
         );
         assert_eq!(RowPick::of(&row, RowDraw::Argmax).token_id, 1);
+    }
+
+    /// `filtered` against its definition by a full sort, on flat rows (many ties: most of a
+    /// row in one radix bin), peaked ones and rows of few distinct values, every filter kind.
+    #[test]
+    fn filtered_is_the_sorted_definition() {
+        let naive = |probs: &[f32], f: &Filter| -> Vec<(u32, f32)> {
+            let min_keep = if f.min_p > 0.0 { f.min_p } else { 0.0 };
+            let mut kept: Vec<(u32, f32)> = probs
+                .iter()
+                .enumerate()
+                .filter(|(_, &p)| p > 0.0 && p >= min_keep)
+                .map(|(i, &p)| (i as u32, p))
+                .collect();
+            kept.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            if f.top_k > 0 {
+                kept.truncate(f.top_k as usize);
+            }
+            if f.top_p < 1.0 {
+                let total = kept.iter().map(|&(_, p)| weight(p)).sum();
+                let target = nucleus_target(total, f.top_p);
+                let mut cum = 0;
+                let n = kept
+                    .iter()
+                    .position(|&(_, p)| {
+                        cum += weight(p);
+                        cum >= target
+                    })
+                    .map_or(kept.len(), |i| i + 1);
+                kept.truncate(n.max(1));
+            }
+            kept.sort_by_key(|&(id, _)| id);
+            kept
+        };
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for (n, spread, levels) in [
+            (1000usize, 0.02f32, 0u32),
+            (5000, 4.0, 0),
+            (5000, 20.0, 0),
+            (3000, 6.0, 7),
+            (40, 1.0, 3),
+        ] {
+            let logits: Vec<f32> = (0..n)
+                .map(|_| {
+                    let v = (next() as f32 - 0.5) * spread;
+                    if levels > 0 {
+                        (v * levels as f32).round() / levels as f32
+                    } else {
+                        v
+                    }
+                })
+                .collect();
+            let max = logits.iter().copied().fold(f32::MIN, f32::max);
+            let probs: Vec<f32> = logits.iter().map(|&l| softmax_prob(l, max, 1.0)).collect();
+            for f in [
+                Filter {
+                    top_k: 1,
+                    ..Filter::NONE
+                },
+                Filter {
+                    top_k: 37,
+                    ..Filter::NONE
+                },
+                Filter {
+                    top_k: n as u32 - 1,
+                    ..Filter::NONE
+                },
+                Filter {
+                    top_p: 0.1,
+                    ..Filter::NONE
+                },
+                Filter {
+                    top_p: 0.9,
+                    ..Filter::NONE
+                },
+                Filter {
+                    top_p: 0.999,
+                    ..Filter::NONE
+                },
+                Filter {
+                    min_p: 0.3,
+                    ..Filter::NONE
+                },
+                Filter {
+                    top_k: 50,
+                    top_p: 0.95,
+                    min_p: 0.01,
+                },
+            ] {
+                assert_eq!(
+                    filtered(&probs, &f),
+                    naive(&probs, &f),
+                    "n {n} spread {spread} {f:?}"
+                );
+            }
+        }
     }
 }

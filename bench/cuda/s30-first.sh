@@ -7,7 +7,9 @@
 # 1. the whole op table (the pick family: greedy, drawn, drawn with filters, bit for bit
 #    against RowPick::of), e2e, graphs (filtered draws in graphed steps);
 # 2. tg128 b1/b64/b256: sampled (no filter), sampled with top-k 50 + top-p 0.95, full logits;
-# 3. serving at temperature 0.8, top-p 0.95: draws on the GPU, then MLASERVE_DEVICE_SAMPLING=0.
+# 3. serving at temperature 0.8, top-p 0.95: draws on the GPU, then MLASERVE_DEVICE_SAMPLING=0;
+#    then top-p 1 (session 29's serving figures at 0.8 came from the draw's first kernel).
+# $OUT: first.txt, tests.txt, ops-report.json, three sweep reports (the device returns 8 files).
 # Land the patch only if every pick row matches; else keep the host fallback (4b635f0).
 set -u
 mkdir -p .device/bin && tar -xJf .device/pkg/bins.tar.xz -C .device/bin
@@ -26,17 +28,18 @@ wait
 for m in sample sample-filtered full; do
   timeout 120 $B/mlaserve bench --model /tmp/v2-bf16t.gguf --device cuda -p 0 -n 128 -b 1,64,256 -r 3 --tg-logits $m 2>&1 | grep -E "^\| /|rror" >> $L
 done
-for d in 1 0; do
+for v in "1 0.95" "0 0.95" "1 1"; do
+  set -- $v; d=$1; tp=$2
   MLASERVE_DEVICE_SAMPLING=$d $B/mlaserve serve --model /tmp/v2-bf16t.gguf --device cuda --max-num-seqs 256 --port 8000 > $OUT/serve-$d.log 2>&1 &
   SP=$!
   for i in $(seq 1 150); do
     python3 -c "import httpx; httpx.get('http://127.0.0.1:8000/health', timeout=2).raise_for_status()" 2>/dev/null && break
     sleep 1
   done
-  echo "== sweep temperature 0.8 top-p 0.95 device sampling $d $(el)" >> $L
+  echo "== sweep temperature 0.8 top-p $tp device sampling $d $(el)" >> $L
   timeout 200 python3 bench/serving/bench_serving.py --base-url http://127.0.0.1:8000 \
-    --input-len 128 --output-len 64 --concurrency 1,4,16,64,256 --temperature 0.8 --top-p 0.95 \
-    --vocab-size 102400 --out $OUT/serve-p95-d$d.json 2>&1 | grep -E "^concurrency" >> $L
+    --input-len 128 --output-len 64 --concurrency 1,4,16,64,256 --temperature 0.8 --top-p $tp \
+    --vocab-size 102400 --out $OUT/serve-p$tp-d$d.json 2>&1 | grep -E "^concurrency" >> $L
   python3 -c "import httpx; print(httpx.get('http://127.0.0.1:8000/metrics').text)" 2>&1 | grep -E "^mlaserve:engine_step_(forward|host)" >> $L
   kill $SP; wait $SP 2>/dev/null
   tail -3 $OUT/serve-$d.log | grep -iE "error|panic" >> $L

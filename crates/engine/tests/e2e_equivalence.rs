@@ -186,3 +186,43 @@ fn seeded_sampling_is_reproducible_whatever_the_batch() {
         "temperature 0.9 should not be greedy"
     );
 }
+
+/// A seeded request at a temperature alone is picked by the executor when its batch allows
+/// (`forward_picks`: every row greedy or at a temperature alone) and sampled from its whole
+/// logits row when a row beside it needs logprobs: the same tokens either way (the draw is
+/// one definition in integers, and the stream advances by the same bits).
+#[test]
+fn seeded_draws_are_the_same_picked_or_sampled_from_whole_rows() {
+    let m = "deepseek_v2";
+    let r = Reference::load(m);
+    let prompt = r.prompts["len13"].clone();
+    let sampled = |seed| SamplingParams {
+        temperature: 1.1,
+        seed: Some(seed),
+        ignore_eos: true,
+        max_tokens: 12,
+        ..SamplingParams::default()
+    };
+    let handle = start(m, test_config());
+    let picked = run(&handle, &prompt, sampled(5));
+    let with_logprobs = run_batch(
+        &handle,
+        vec![
+            (
+                r.prompts["len6"].clone(),
+                SamplingParams {
+                    logprobs: Some(2),
+                    ignore_eos: true,
+                    max_tokens: 12,
+                    ..greedy(12)
+                },
+            ),
+            (prompt.clone(), sampled(5)),
+        ],
+    );
+    assert_eq!(with_logprobs[1].token_ids, picked.token_ids);
+    assert_ne!(
+        picked.token_ids, r.greedy["len13"],
+        "temperature 1.1 should not be greedy"
+    );
+}

@@ -7,6 +7,9 @@
 # 1. the whole op table (the pick family: greedy, drawn, drawn with filters, bit for bit
 #    against RowPick::of), e2e, graphs (filtered draws in graphed steps);
 # 2. tg128 b1/b64/b256: sampled (no filter), sampled with top-k 50 + top-p 0.95, full logits;
+#    Also graphs with MLASERVE_PICK_WHOLE_ROWS=1 (steps mixing picked rows with rows handed
+#    back whole: deliver's copies of those rows, session 29's, not yet run); if it passes,
+#    make that the default (executor.rs pick_whole_rows).
 # 3. serving at temperature 0.8, top-p 0.95: draws on the GPU, then MLASERVE_DEVICE_SAMPLING=0;
 #    then top-p 1 (session 29's serving figures at 0.8 came from the draw's first kernel).
 # $OUT: first.txt, tests.txt, ops-report.json, three sweep reports (the device returns 8 files).
@@ -23,6 +26,8 @@ MLASERVE_OP_REPORT=$OUT/ops-report.json timeout 300 $B/ops --test-threads=1 --no
 grep -E "logits_pick|test result|past their bound" $OUT/tests.txt | head -40 >> $L
 timeout 100 $B/e2e --test-threads=2 >> $OUT/tests.txt 2>&1; echo "e2e rc=$? $(el)" >> $L
 timeout 60 $B/graphs --test-threads=1 --nocapture >> $OUT/tests.txt 2>&1; echo "graphs rc=$? $(el)" >> $L
+# rows handed back whole beside device picks: deliver's row copies (session 29, not yet run)
+MLASERVE_PICK_WHOLE_ROWS=1 timeout 60 $B/graphs --test-threads=1 --nocapture device_picks >> $OUT/tests.txt 2>&1; echo "graphs whole rows rc=$? $(el)" >> $L
 grep -E "picked on the device|test result|FAILED|panicked" $OUT/tests.txt >> $L
 wait
 for m in sample sample-filtered full; do

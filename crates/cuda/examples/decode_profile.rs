@@ -177,11 +177,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut fresh = Vec::with_capacity(n);
         let mut kept = Vec::with_capacity(n);
         let mut reduced = Vec::with_capacity(n);
-        let (mut buf, mut rows) = (Vec::new(), Vec::new());
+        let (mut buf, mut rows, mut none) = (Vec::new(), Vec::new(), Vec::new());
         let greedy = vec![mlaserve_model::RowDraw::Argmax; batch];
         for _ in 0..n {
             let t0 = std::time::Instant::now();
-            exec.forward_picks(&step, &greedy, &mut rows)?;
+            exec.forward_picks(&step, &greedy, &mut rows, &mut none)?;
             reduced.push(t0.elapsed().as_secs_f64() * 1e6);
             let t0 = std::time::Instant::now();
             drop(exec.forward(&step)?);

@@ -95,16 +95,28 @@ struct DevLogits {
 /// then `[rows]` picked tokens (read back together), then `[rows, 4]` draws (written).
 const PICK_WORDS: usize = 9;
 
+/// Whether a step with rows handed back whole ([`RowDraw::Whole`]) picks the other rows on
+/// the device and copies only those (`MLASERVE_PICK_WHOLE_ROWS=1`, written in session 29 and
+/// not yet run on a GPU: bench/cuda/s30-first.sh), or copies every row and picks on the host
+/// (default).
+fn pick_whole_rows() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLASERVE_PICK_WHOLE_ROWS").is_ok_and(|v| v == "1"))
+}
+
 /// The draws as [`Gpu::logits_pick`] reads them, `[rows, 4]` u32; empty when every row is
 /// greedy (the kernel then reads none).
-fn draw_words(draws: &[RowDraw]) -> Vec<u32> {
-    if draws.iter().all(|d| *d == RowDraw::Argmax) {
+pub fn draw_words(draws: &[RowDraw]) -> Vec<u32> {
+    if draws
+        .iter()
+        .all(|d| matches!(d, RowDraw::Argmax | RowDraw::Whole))
+    {
         return Vec::new();
     }
     draws
         .iter()
         .flat_map(|d| match *d {
-            RowDraw::Argmax => [0; 4],
+            RowDraw::Argmax | RowDraw::Whole => [0; 4],
             RowDraw::Softmax {
                 inv_temperature,
                 random,
@@ -123,8 +135,9 @@ fn draw_words(draws: &[RowDraw]) -> Vec<u32> {
 enum Sink<'a> {
     /// Whole, into the caller's buffer ([`Executor::forward_into`]).
     Host(&'a mut Vec<f32>),
-    /// Each row's token under its draw, picked on the device ([`Executor::forward_picks`]).
-    Picks(&'a [RowDraw], &'a mut Vec<RowPick>),
+    /// Each row's token under its draw, picked on the device, and the rows whose draw is
+    /// `Whole` copied ([`Executor::forward_picks`]).
+    Picks(&'a [RowDraw], &'a mut Vec<RowPick>, &'a mut Vec<f32>),
 }
 
 /// Whether a product of M rows with bf16 weights `w` takes the in-house GEMV (gemv.rs) rather
@@ -680,7 +693,10 @@ impl CudaExecutor {
             self.gpu.sync()?;
             match sink {
                 Sink::Host(out) => out.clear(),
-                Sink::Picks(_, out) => out.clear(),
+                Sink::Picks(_, out, whole) => {
+                    out.clear();
+                    whole.clear();
+                }
             }
             return Ok(());
         };
@@ -699,12 +715,13 @@ impl CudaExecutor {
     }
 
     /// `rows` logits rows at `logits` into `sink`: copied whole, or each reduced on the device
-    /// to its pick (in the step's room at `picks`, [`PICK_WORDS`] u32 a row) and those copied.
+    /// to its pick (in the step's room at `picks`, [`PICK_WORDS`] u32 a row) and those copied,
+    /// with the rows whose draw is `Whole` (a copy a run of them).
     fn deliver(&self, logits: u64, picks: u64, rows: usize, sink: &mut Sink) -> Result<()> {
         let vocab = self.model.config().vocab_size;
         match sink {
             Sink::Host(out) => self.gpu.read_f32_into(logits, rows * vocab, out),
-            Sink::Picks(draws, out) => {
+            Sink::Picks(draws, out, whole) => {
                 out.clear();
                 if draws.len() != rows {
                     return Err(CudaError::Invalid(format!(
@@ -746,6 +763,27 @@ impl CudaExecutor {
                             token_id,
                         }),
                 );
+                let len = draws.iter().filter(|&&d| d == RowDraw::Whole).count() * vocab;
+                if whole.capacity() < len {
+                    **whole = vec![0.0; len]; // zeroed pages from the allocator, not a fill
+                } else {
+                    whole.resize(len, 0.0); // kept memory: fills only past its last length
+                }
+                let (mut r, mut k) = (0, 0);
+                while r < rows {
+                    let run = draws[r..]
+                        .iter()
+                        .take_while(|&&d| d == RowDraw::Whole)
+                        .count();
+                    if run == 0 {
+                        r += 1;
+                        continue;
+                    }
+                    let at = logits + (r * vocab * 4) as u64;
+                    self.gpu
+                        .read_f32_slice(at, &mut whole[k * vocab..(k + run) * vocab])?;
+                    (r, k) = (r + run, k + run);
+                }
                 Ok(())
             }
         }
@@ -1587,35 +1625,24 @@ impl Executor for CudaExecutor {
         batch: &ForwardBatch,
         draws: &[RowDraw],
         out: &mut Vec<RowPick>,
+        whole: &mut Vec<f32>,
     ) -> std::result::Result<(), ModelError> {
         let filtered = draws
             .iter()
             .any(|d| matches!(d, RowDraw::Softmax { filter, .. } if !filter.is_none()));
-        if probe::active() || filtered {
+        let whole_rows = !pick_whole_rows() && draws.contains(&RowDraw::Whole);
+        if probe::active() || filtered || whole_rows {
             // Probes and dumps see the logits as every other step shows them. Draws with
             // top-k / top-p / min-p are picked from the whole rows on the host: `logits_pick`
             // draws over every token (its filtered version is bench/cuda/pick-filtered-s29.patch,
-            // not yet run on a GPU).
+            // not yet run on a GPU). Steps with rows handed back whole copy every row until
+            // `deliver`'s copies of those rows alone have run on a GPU (pick_whole_rows).
             let mut logits = Vec::new();
             self.forward_into(batch, &mut logits)?;
             let vocab = self.model.config().vocab_size;
-            if logits.len() != draws.len() * vocab {
-                return Err(ModelError::Batch(format!(
-                    "{} draws for {} logits rows",
-                    draws.len(),
-                    logits.len() / vocab
-                )));
-            }
-            use rayon::prelude::*;
-            out.clear();
-            logits
-                .par_chunks_exact(vocab)
-                .zip(draws)
-                .map(|(r, &d)| RowPick::of(r, d))
-                .collect_into_vec(out);
-            return Ok(());
+            return mlaserve_model::draw::picks_of(&logits, vocab, draws, out, whole);
         }
-        self.step_into(batch, &mut Sink::Picks(draws, out))
+        self.step_into(batch, &mut Sink::Picks(draws, out, whole))
     }
 
     fn take_comm_seconds(&mut self) -> Option<f64> {

@@ -573,6 +573,18 @@ impl Gpu {
             .map_err(|e| CudaError::driver("copy to device", e))
     }
 
+    /// Synchronizes, then fills `out` from the f32 at a raw device pointer.
+    pub fn read_f32_slice(&self, ptr: u64, out: &mut [f32]) -> Result<()> {
+        self.sync()?;
+        if !out.is_empty() {
+            // SAFETY: the caller passes a pointer into a live allocation of >= out.len() f32.
+            unsafe { drv::memcpy_dtoh_async(out, ptr, self.stream.cu_stream()) }
+                .map_err(|e| CudaError::driver("copy to host", e))?;
+            self.sync()?;
+        }
+        Ok(())
+    }
+
     /// Synchronizes, then fills `out` from the u32 at a raw device pointer.
     pub fn read_u32_into(&self, ptr: u64, out: &mut [u32]) -> Result<()> {
         self.sync()?;

@@ -162,9 +162,10 @@ fn decode_graphs_replay_eager_steps_exactly() {
 }
 
 /// Steps picked on the device (`forward_picks`: decode steps from their graphs, prefills and
-/// DSA top-k steps eager; greedy rows and rows drawn at a temperature) hand back
-/// `RowPick::of` each logits row of the same steps run whole, bit for bit. The next tokens
-/// are the argmaxes, so both runs see the same steps.
+/// DSA top-k steps eager; greedy rows, rows drawn at a temperature and rows handed back
+/// whole) hand back `RowPick::of` each logits row of the same steps run whole, and the whole
+/// rows themselves, bit for bit. The next tokens are the argmaxes, so both runs see the same
+/// steps.
 #[test]
 fn device_picks_are_the_picks_of_the_logits() {
     for model in ["deepseek_v2", "glm_moe_dsa"] {
@@ -182,10 +183,13 @@ fn device_picks_are_the_picks_of_the_logits() {
         let long: Vec<u32> = (0..40).map(|i| (i * 7 % 50 + 3) as u32).collect();
         let prompts = vec![long, vec![5, 9, 11], vec![17, 4], vec![3]];
         let steps = [12, 6, 9, 3];
-        // row r of step s: greedy every third row, else a draw at one of three temperatures
+        // row r of step s: greedy every third row, else a draw at one of three temperatures;
+        // in odd steps every fifth (by another count) handed back whole instead (picked on the
+        // device with MLASERVE_PICK_WHOLE_ROWS=1, else the step's rows all on the host)
         let draws = |s: usize, rows: usize| -> Vec<RowDraw> {
             (0..rows)
                 .map(|r| match (s + r) % 3 {
+                    _ if s % 2 == 1 && (s + 2 * r) % 5 == 0 => RowDraw::Whole,
                     0 => RowDraw::Argmax,
                     k => RowDraw::Softmax {
                         inv_temperature: [1.0, 0.7, 2.0][(s + k) % 3],
@@ -205,20 +209,31 @@ fn device_picks_are_the_picks_of_the_logits() {
                 .zip(&d)
                 .map(|(r, &d)| RowPick::of(r, d))
                 .collect();
+            let whole_rows: Vec<u32> = logits
+                .chunks_exact(vocab)
+                .zip(&d)
+                .filter(|(_, &d)| d == RowDraw::Whole)
+                .flat_map(|(r, _)| r.iter().map(|v| v.to_bits()))
+                .collect();
             let next = rows.iter().map(|r| r.argmax.token_id).collect();
-            (rows, next)
+            ((rows, whole_rows), next)
         });
-        let (mut buf, mut n) = (Vec::new(), 0);
+        let (mut buf, mut whole_buf, mut n) = (Vec::new(), Vec::new(), 0);
         let got = run_with(&mut reduced, &prompts, &steps, |exec, batch| {
             let d = draws(n, batch.logits_indices().len());
             n += 1;
-            exec.forward_picks(batch, &d, &mut buf).unwrap();
+            exec.forward_picks(batch, &d, &mut buf, &mut whole_buf)
+                .unwrap();
             let next = buf.iter().map(|r| r.argmax.token_id).collect();
-            (buf.clone(), next)
+            let whole_rows: Vec<u32> = whole_buf.iter().map(|v| v.to_bits()).collect();
+            ((buf.clone(), whole_rows), next)
         });
         assert_eq!(got.len(), want.len());
-        for (s, (g, w)) in got.iter().zip(&want).enumerate() {
+        let mut n_whole = 0;
+        for (s, ((g, gw), (w, ww))) in got.iter().zip(&want).enumerate() {
             assert_eq!(g.len(), w.len(), "{model} step {s}");
+            assert!(gw == ww, "{model} step {s}: the whole rows differ");
+            n_whole += ww.len() / vocab;
             for (row, (p, q)) in g.iter().zip(w).enumerate() {
                 let (a, b) = (p.argmax, q.argmax);
                 assert!(
@@ -231,6 +246,7 @@ fn device_picks_are_the_picks_of_the_logits() {
                 );
             }
         }
+        assert!(n_whole > 0, "{model}: no row was handed back whole");
         println!(
             "{model}: {} steps picked on the device as on the host, {} decode graphs kept",
             got.len(),

@@ -3540,26 +3540,12 @@ fn logits_pick(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                     },
                 })
                 .collect();
-            let words: Vec<u32> = draws
-                .iter()
-                .flat_map(|d| match *d {
-                    RowDraw::Argmax => [0; 4],
-                    RowDraw::Softmax {
-                        inv_temperature,
-                        random,
-                        ..
-                    } => [
-                        inv_temperature.to_bits(),
-                        random as u32,
-                        (random >> 32) as u32,
-                        1,
-                    ],
-                })
-                .collect();
-            let dd = gpu.upload(&words).unwrap();
+            let words = mlaserve_cuda::executor::draw_words(&draws);
+            // none when every row is greedy: the kernel then reads no draws
+            let dd = (!words.is_empty()).then(|| gpu.upload(&words).unwrap());
             let out = poisoned::<u32>(gpu, rows * 5);
             let at = |k: usize| out.ptr() + 4 * k as u64;
-            let draws_at = if drawn { dd.ptr() } else { 0 };
+            let draws_at = dd.as_ref().map_or(0, |d| d.ptr());
             gpu.logits_pick(rows, xd.ptr(), vocab, draws_at, at(0), at(rows * 4))
                 .unwrap();
             let w = gpu.to_host(&out).unwrap();

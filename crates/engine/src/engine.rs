@@ -390,8 +390,11 @@ fn sample_rows(
         let seq = shared.seq(step.ids[i])?;
         let mut rng = seq.rng.clone();
         let sampled = match &step.rows {
-            StepRows::Picks(a) => {
-                let picked = sampler::sample_pick(&a[i]);
+            StepRows::Picks { whole_at, .. } if whole_at[i].is_some() => {
+                seq.sample_with(step.row(i).expect("a whole row"), vocab_size, &mut rng)
+            }
+            StepRows::Picks { picks, .. } => {
+                let picked = sampler::sample_pick(&picks[i]);
                 if picked.is_ok() {
                     // the bits the device drew with (`sample` draws none for a bad row either)
                     seq.params.row_draw(&mut rng);
@@ -404,7 +407,12 @@ fn sample_rows(
         };
         Some((sampled, rng))
     };
-    let parallel = step.ids.len() >= PAR_SAMPLE_ROWS && matches!(step.rows, StepRows::Logits(_));
+    // whole rows sample on the host: in parallel where there are enough of them
+    let host_rows = match &step.rows {
+        StepRows::Logits(_) => step.ids.len(),
+        StepRows::Picks { whole_at, .. } => whole_at.iter().flatten().count(),
+    };
+    let parallel = host_rows >= PAR_SAMPLE_ROWS;
     let rows: Vec<_> = if parallel {
         (0..step.ids.len()).into_par_iter().map(one).collect()
     } else {
@@ -499,12 +507,16 @@ mod tests {
     /// value or nothing above -inf, and no token for a sequence gone since.
     #[test]
     fn a_picked_steps_rows_sample_as_their_whole_rows() {
-        use mlaserve_model::RowPick;
+        use mlaserve_model::{draw::picks_of, RowDraw};
         let temperature = |t: f32| SamplingParams {
             temperature: t,
             ..SamplingParams::greedy(4)
         };
-        let params = [0.0f32, 0.0, 0.0, 0.8, 1.3].map(temperature);
+        // greedy x3, temperature x2, then two rows the host samples whole: a penalty at a
+        // temperature and greedy with logprobs
+        let mut params = [0.0f32, 0.0, 0.0, 0.8, 1.3, 0.9, 0.0].map(temperature);
+        params[5].presence_penalty = 0.5;
+        params[6].logprobs = Some(2);
         let (mut s, mut whole) = (scheduler(0), scheduler(0));
         for (id, p) in params.iter().enumerate() {
             let id = id as u64;
@@ -512,30 +524,49 @@ mod tests {
             whole.add(Sequence::new(id, id, vec![1, 2], p.clone(), 7 + id));
         }
         let mut r = Rng::seed_from_u64(4);
+        let mut rand_row = || (0..4).map(|_| r.next_f64() as f32).collect::<Vec<f32>>();
         let rows: Vec<Vec<f32>> = vec![
             vec![0.5, 3.0, 3.0, -1.0],
             vec![1.0, f32::NAN, 2.0, 0.0],
             vec![f32::NEG_INFINITY; 4],
-            (0..4).map(|_| r.next_f64() as f32).collect(),
+            rand_row(),
             vec![0.0, 1.0, 0.0, 0.0],
-            (0..4).map(|_| r.next_f64() as f32).collect(),
+            rand_row(),
+            rand_row(),
+            rand_row(),
         ];
-        let ids = vec![0, 1, 2, 3, 99, 4];
+        let ids = vec![0, 1, 2, 3, 99, 4, 5, 6];
         for step in 0..3 {
-            let picks = ids
+            // the runner's draws: as ModelRunner::run builds them
+            let draws: Vec<RowDraw> = ids
                 .iter()
-                .zip(&rows)
-                .map(|(&id, row)| {
-                    let draw = match s.seq(id) {
+                .map(
+                    |&id| match s.seq(id).filter(|q| q.params.draws_on_device()) {
                         Some(q) => q.params.row_draw(&mut q.rng.clone()),
-                        None => mlaserve_model::RowDraw::Argmax,
-                    };
-                    RowPick::of(row, draw)
+                        None => RowDraw::Whole,
+                    },
+                )
+                .collect();
+            let mut n = 0;
+            let whole_at = draws
+                .iter()
+                .map(|&d| {
+                    (d == RowDraw::Whole).then(|| {
+                        n += 1;
+                        n - 1
+                    })
                 })
                 .collect();
+            let (mut picks, mut whole_rows) = (Vec::new(), Vec::new());
+            picks_of(&rows.concat(), 4, &draws, &mut picks, &mut whole_rows).unwrap();
+            assert_eq!(whole_rows.len(), 3 * 4, "rows 99 (gone), 5 and 6 whole");
             let step_picks = StepLogits {
                 ids: ids.clone(),
-                rows: StepRows::Picks(picks),
+                rows: StepRows::Picks {
+                    picks,
+                    whole: whole_rows,
+                    whole_at,
+                },
                 vocab_size: 4,
             };
             let got = sample_rows(&mut s, &step_picks, 4);
@@ -545,9 +576,10 @@ mod tests {
                 vocab_size: 4,
             };
             let want = sample_rows(&mut whole, &step_rows, 4);
-            for i in [0, 3, 5] {
+            for i in [0, 3, 5, 6, 7] {
                 assert_eq!(got[i], want[i], "step {step} row {i}");
             }
+            assert!(got[7].clone().unwrap().unwrap().logprob.is_some());
             assert_eq!(got[0].clone().unwrap().unwrap().token_id, 1);
             assert!(matches!(
                 got[1].clone().unwrap(),
@@ -557,7 +589,7 @@ mod tests {
             assert!(got[4].is_none(), "sequence 99 is gone");
         }
         // the temperature rows' streams moved on together: one draw a step
-        for id in [3, 4] {
+        for id in [3, 4, 5] {
             let (a, b) = (&s.seq(id).unwrap().rng, &whole.seq(id).unwrap().rng);
             assert_eq!(
                 a.clone().next_u64(),

@@ -1,10 +1,11 @@
 //! `ModelRunner`: owns the executor (the model and its latent cache, on whatever device);
 //! turns a schedule into one `ForwardBatch`, runs it, and hands back one logits row per
-//! sequence that wanted one — or, when every such sequence samples greedily or at a
-//! temperature alone (no penalties, logprobs, top-k/top-p/min-p), only each row's token
+//! sequence that wanted one — or, when any such sequence samples greedily or at a
+//! temperature alone (no penalties, logprobs, top-k/top-p/min-p), each of those rows' token
 //! picked on the device ([`Executor::forward_picks`]: 20 bytes a row cross to the host
 //! instead of 400 KB at a 102,400-token vocabulary; the token is the one the host sampler
-//! would draw, bit for bit). `MLASERVE_DEVICE_SAMPLING=0` turns that off (comparisons).
+//! would draw, bit for bit) and only the other rows whole. `MLASERVE_DEVICE_SAMPLING=0`
+//! turns that off (comparisons).
 //!
 //! Invariant: the scheduler has already grown every scheduled sequence's block table to
 //! hold `context_len + num_new_tokens` positions, so the batch always validates.
@@ -28,7 +29,7 @@ pub struct ModelRunner {
     spare: Vec<f32>,
     spare_picks: Vec<RowPick>,
     draws: Vec<RowDraw>,
-    /// Steps whose every row [`SamplingParams::draws_on_device`] take
+    /// Steps with a row that [`SamplingParams::draws_on_device`] take
     /// [`Executor::forward_picks`].
     ///
     /// [`SamplingParams::draws_on_device`]: crate::SamplingParams::draws_on_device
@@ -40,9 +41,15 @@ pub struct ModelRunner {
 pub enum StepRows {
     /// `[ids.len(), vocab_size]` row-major.
     Logits(Vec<f32>),
-    /// One a row: every row's token picked on the device (its params'
-    /// [`row_draw`](crate::SamplingParams::row_draw) from its RNG as it was before the step).
-    Picks(Vec<RowPick>),
+    /// One a row: each row's token picked on the device (its params'
+    /// [`row_draw`](crate::SamplingParams::row_draw) from its RNG as it was before the step),
+    /// and `whole` `[n, vocab_size]` the rows whose draw was [`RowDraw::Whole`] (the host
+    /// samples them): row `i`'s at `whole_at[i]`.
+    Picks {
+        picks: Vec<RowPick>,
+        whole: Vec<f32>,
+        whole_at: Vec<Option<u32>>,
+    },
 }
 
 /// Logits of one step: row `i` belongs to `ids[i]`.
@@ -55,18 +62,21 @@ pub struct StepLogits {
 
 impl StepLogits {
     /// `[vocab_size]` logits of the i-th sequence that wanted logits (None: the step
-    /// handed back picks only).
+    /// handed back its pick only).
     pub fn row(&self, i: usize) -> Option<&[f32]> {
+        let v = self.vocab_size;
         match &self.rows {
-            StepRows::Logits(l) => Some(&l[i * self.vocab_size..(i + 1) * self.vocab_size]),
-            StepRows::Picks(_) => None,
+            StepRows::Logits(l) => Some(&l[i * v..(i + 1) * v]),
+            StepRows::Picks {
+                whole, whole_at, ..
+            } => whole_at[i].map(|k| &whole[k as usize * v..(k as usize + 1) * v]),
         }
     }
 
     fn len(&self) -> usize {
         match &self.rows {
             StepRows::Logits(l) => l.len() / self.vocab_size.max(1),
-            StepRows::Picks(a) => a.len(),
+            StepRows::Picks { picks, .. } => picks.len(),
         }
     }
 }
@@ -146,27 +156,42 @@ impl ModelRunner {
         let (batch, ids) = self.build_batch(out, scheduler)?;
         let vocab_size = self.executor.config().vocab_size;
         // Each row's draw from a copy of its RNG: sampling takes the same bits from the
-        // sequence's own stream afterwards (engine::sample_rows).
+        // sequence's own stream afterwards (engine::sample_rows); rows the device cannot draw
+        // come back whole.
         self.draws.clear();
-        let picks = self.device_sampling
-            && ids.iter().all(|&id| {
-                scheduler.seq(id).is_some_and(|s| {
-                    s.params.draws_on_device() && {
-                        self.draws.push(s.params.row_draw(&mut s.rng.clone()));
-                        true
-                    }
-                })
-            });
+        let mut whole_at = Vec::new();
+        if self.device_sampling {
+            let mut n_whole = 0;
+            for &id in &ids {
+                let seq = scheduler.seq(id);
+                let d = match seq.filter(|s| s.params.draws_on_device()) {
+                    Some(s) => s.params.row_draw(&mut s.rng.clone()),
+                    None => RowDraw::Whole,
+                };
+                whole_at.push((d == RowDraw::Whole).then(|| {
+                    n_whole += 1;
+                    n_whole - 1
+                }));
+                self.draws.push(d);
+            }
+        }
+        let picks = self.draws.iter().any(|&d| d != RowDraw::Whole);
         let executor = &mut self.executor;
         let mut rows = if picks {
-            StepRows::Picks(std::mem::take(&mut self.spare_picks))
+            StepRows::Picks {
+                picks: std::mem::take(&mut self.spare_picks),
+                whole: std::mem::take(&mut self.spare),
+                whole_at,
+            }
         } else {
             StepRows::Logits(std::mem::take(&mut self.spare))
         };
         let draws = &self.draws;
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &mut rows {
             StepRows::Logits(l) => executor.forward_into(&batch, l),
-            StepRows::Picks(a) => executor.forward_picks(&batch, draws, a),
+            StepRows::Picks { picks, whole, .. } => {
+                executor.forward_picks(&batch, draws, picks, whole)
+            }
         }));
         let step = StepLogits {
             ids,
@@ -176,7 +201,9 @@ impl ModelRunner {
         let checked = match result {
             Ok(Ok(()))
                 if step.len() != step.ids.len()
-                    || matches!(&step.rows, StepRows::Logits(l) if l.len() % vocab_size.max(1) != 0) =>
+                    || matches!(&step.rows, StepRows::Logits(l) if l.len() % vocab_size.max(1) != 0)
+                    || matches!(&step.rows, StepRows::Picks { whole, whole_at, .. }
+                        if whole.len() != whole_at.iter().flatten().count() * vocab_size) =>
             {
                 Err(ModelError::Batch(format!(
                     "forward returned {} rows, expected {} of {vocab_size}",
@@ -205,7 +232,10 @@ impl ModelRunner {
     pub fn recycle(&mut self, step: StepLogits) {
         match step.rows {
             StepRows::Logits(l) => self.spare = l,
-            StepRows::Picks(a) => self.spare_picks = a,
+            StepRows::Picks { picks, whole, .. } => {
+                self.spare_picks = picks;
+                self.spare = whole;
+            }
         }
     }
 }

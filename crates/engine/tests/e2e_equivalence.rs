@@ -187,40 +187,37 @@ fn seeded_sampling_is_reproducible_whatever_the_batch() {
     );
 }
 
-/// A seeded request at a temperature alone is picked by the executor when its batch allows
-/// (`forward_picks`: every row greedy or at a temperature alone) and sampled from its whole
-/// logits row when a row beside it needs logprobs: the same tokens either way (the draw is
-/// one definition in integers, and the stream advances by the same bits).
+/// A seeded request at a temperature alone is picked by the executor (`forward_picks`), and
+/// the same request asking for logprobs is sampled on the host from its whole logits row:
+/// the same tokens (the draw is one definition in integers, and the stream advances by the
+/// same bits), alone or beside other rows.
 #[test]
 fn seeded_draws_are_the_same_picked_or_sampled_from_whole_rows() {
     let m = "deepseek_v2";
     let r = Reference::load(m);
     let prompt = r.prompts["len13"].clone();
-    let sampled = |seed| SamplingParams {
+    let sampled = |seed, logprobs| SamplingParams {
         temperature: 1.1,
         seed: Some(seed),
         ignore_eos: true,
         max_tokens: 12,
+        logprobs,
         ..SamplingParams::default()
     };
     let handle = start(m, test_config());
-    let picked = run(&handle, &prompt, sampled(5));
-    let with_logprobs = run_batch(
+    let picked = run(&handle, &prompt, sampled(5, None));
+    let whole = run(&handle, &prompt, sampled(5, Some(1)));
+    assert_eq!(whole.token_ids, picked.token_ids);
+    assert_eq!(whole.logprobs.len(), 12);
+    let beside = run_batch(
         &handle,
         vec![
-            (
-                r.prompts["len6"].clone(),
-                SamplingParams {
-                    logprobs: Some(2),
-                    ignore_eos: true,
-                    max_tokens: 12,
-                    ..greedy(12)
-                },
-            ),
-            (prompt.clone(), sampled(5)),
+            (r.prompts["len6"].clone(), sampled(9, Some(2))),
+            (prompt.clone(), sampled(5, None)),
+            (r.prompts["len6"].clone(), greedy(12)),
         ],
     );
-    assert_eq!(with_logprobs[1].token_ids, picked.token_ids);
+    assert_eq!(beside[1].token_ids, picked.token_ids);
     assert_ne!(
         picked.token_ids, r.greedy["len13"],
         "temperature 1.1 should not be greedy"

@@ -389,11 +389,12 @@ fn step_times_split_prefill_from_decode_steps() {
     }
 }
 
-/// The model runner asks the executor for device picks only when every row of the step is
-/// greedy or at a temperature alone: one row with top-k, top-p, logprobs or a penalty takes
-/// the whole logits of every row. The picked step samples what the whole rows sample.
+/// The model runner asks the executor for device picks of the rows that are greedy or at a
+/// temperature alone, and for the whole logits of the others (top-k, top-p, logprobs, a
+/// penalty): a greedy row beside any of them is still picked. The picked rows are the whole
+/// rows' argmaxes.
 #[test]
-fn a_step_is_picked_on_the_device_only_when_every_row_draws_from_the_row_alone() {
+fn a_steps_rows_are_picked_on_the_device_unless_they_need_their_whole_row() {
     use mlaserve_engine::model_runner::{ModelRunner, StepRows};
     use mlaserve_engine::scheduler::{Scheduler, SchedulerConfig};
     use mlaserve_engine::sequence::Sequence;
@@ -429,9 +430,10 @@ fn a_step_is_picked_on_the_device_only_when_every_row_draws_from_the_row_alone()
             b: &ForwardBatch,
             draws: &[RowDraw],
             out: &mut Vec<RowPick>,
+            whole: &mut Vec<f32>,
         ) -> Result<(), ModelError> {
             self.calls.lock().unwrap().push("picks");
-            self.inner.forward_picks(b, draws, out)
+            self.inner.forward_picks(b, draws, out, whole)
         }
         fn device(&self) -> String {
             "cpu (recording)".into()
@@ -480,18 +482,20 @@ fn a_step_is_picked_on_the_device_only_when_every_row_draws_from_the_row_alone()
         let out = sched.schedule();
         assert_eq!(out.seqs.len(), 2, "{name}: both prompts in one step");
         let step = runner.run(&out, &sched).unwrap();
-        let want = if matches!(name, "greedy" | "temperature" | "greedy top-k") {
-            "picks"
-        } else {
-            "logits"
+        assert_eq!(*calls.lock().unwrap(), ["picks"], "{name}");
+        let picked_only = matches!(name, "greedy" | "temperature" | "greedy top-k");
+        let StepRows::Picks { picks, .. } = &step.rows else {
+            panic!("{name}: not picked");
         };
-        assert_eq!(*calls.lock().unwrap(), [want], "{name}");
-        // the greedy row's token, however the step came back
-        let first = match &step.rows {
-            StepRows::Picks(a) => a[0].token_id,
-            StepRows::Logits(_) => RowArgmax::of(step.row(0).unwrap()).token_id,
-        };
-        tokens.push(first);
+        assert!(step.row(0).is_none(), "{name}: the greedy row is picked");
+        match step.row(1) {
+            None => assert!(picked_only, "{name}: the second row needs its whole row"),
+            Some(row) => {
+                assert!(!picked_only, "{name}: the second row is picked");
+                assert_eq!(RowArgmax::of(row), picks[1].argmax, "{name}");
+            }
+        }
+        tokens.push(picks[0].token_id);
     }
     assert!(
         tokens.iter().all(|&t| t == r.greedy["len6"][0]),

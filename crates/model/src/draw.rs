@@ -52,6 +52,9 @@ impl Filter {
 pub enum RowDraw {
     /// Greedy: the row's argmax.
     Argmax,
+    /// The host samples from the whole row (penalties, logprobs): the executor hands the row
+    /// back; its pick is the argmax's.
+    Whole,
     /// One draw from `softmax(row · inv_temperature)` over the tokens `filter` keeps
     /// ([`draw_weights`]) by `random`, the next 64 bits of the sequence's own random stream.
     Softmax {
@@ -140,6 +143,39 @@ pub fn weight(p: f32) -> u64 {
 pub fn draw_probs(probs: &[f32], random: u64) -> u32 {
     let total = probs.iter().map(|&p| weight(p)).sum();
     draw_weights(probs.iter().map(|&p| weight(p)), total, random)
+}
+
+/// [`RowPick::of`] each row of `logits` (`[draws.len(), vocab]`, rows in parallel) into
+/// `out`, and the rows whose draw is [`RowDraw::Whole`] copied into `whole`, in order: what
+/// [`crate::Executor::forward_picks`] hands back, from logits on the host.
+pub fn picks_of(
+    logits: &[f32],
+    vocab: usize,
+    draws: &[RowDraw],
+    out: &mut Vec<RowPick>,
+    whole: &mut Vec<f32>,
+) -> Result<(), crate::ModelError> {
+    use rayon::prelude::*;
+    if vocab == 0 || logits.len() != draws.len() * vocab {
+        return Err(crate::ModelError::Batch(format!(
+            "{} logits are not {} rows of {vocab}",
+            logits.len(),
+            draws.len()
+        )));
+    }
+    out.clear();
+    logits
+        .par_chunks_exact(vocab)
+        .zip(draws)
+        .map(|(row, &d)| RowPick::of(row, d))
+        .collect_into_vec(out);
+    whole.clear();
+    for (row, d) in logits.chunks_exact(vocab).zip(draws) {
+        if *d == RowDraw::Whole {
+            whole.extend_from_slice(row);
+        }
+    }
+    Ok(())
 }
 
 /// The index into `kept` ([`filtered`]'s `(id, p)` pairs) of the draw by `random` over their

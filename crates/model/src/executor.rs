@@ -43,31 +43,20 @@ pub trait Executor: Send {
     }
     /// Runs one step like [`Executor::forward`] and hands back, for each logits row, its
     /// [`RowPick`] under `draws[row]` (`out` replaced, one a row): the row's argmax and the
-    /// token its draw chose, instead of the row. By default the logits are computed and
-    /// reduced on the host, rows in parallel; a GPU executor reduces them on the device.
+    /// token its draw chose, instead of the row — and in `whole` (replaced) the rows whose
+    /// draw is [`RowDraw::Whole`], in order, `[n_whole, vocab]`. By default the logits are
+    /// computed and reduced on the host, rows in parallel ([`crate::draw::picks_of`]); a GPU
+    /// executor reduces them on the device and copies only the whole rows.
     fn forward_picks(
         &mut self,
         batch: &ForwardBatch,
         draws: &[RowDraw],
         out: &mut Vec<RowPick>,
+        whole: &mut Vec<f32>,
     ) -> Result<(), ModelError> {
-        use rayon::prelude::*;
         let vocab = self.config().vocab_size;
         let logits = self.forward(batch)?;
-        if vocab == 0 || logits.len() != draws.len() * vocab {
-            return Err(ModelError::Batch(format!(
-                "forward returned {} logits: not {} rows of {vocab}",
-                logits.len(),
-                draws.len()
-            )));
-        }
-        out.clear();
-        logits
-            .par_chunks_exact(vocab)
-            .zip(draws)
-            .map(|(row, &d)| RowPick::of(row, d))
-            .collect_into_vec(out);
-        Ok(())
+        crate::draw::picks_of(&logits, vocab, draws, out, whole)
     }
     /// Where it runs, for logs and `/v1/models`: "cpu", "cuda:0", "cpu tp=2".
     fn device(&self) -> String;

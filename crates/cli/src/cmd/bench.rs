@@ -77,7 +77,7 @@ fn tg(exec: &mut dyn Executor, n: usize, b: usize, rep: u64, out: TgLogits) -> R
         .map(|s| tokens(n + 1, vocab, rep * 7919 + s as u64 + 1000))
         .collect();
     // one output buffer for all steps, as the engine keeps one
-    let (mut logits, mut picks) = (Vec::new(), Vec::new());
+    let (mut logits, mut picks, mut whole) = (Vec::new(), Vec::new(), Vec::new());
     let mut draws = vec![RowDraw::Argmax; b];
     let mut step = |i: usize, exec: &mut dyn Executor| -> Result<()> {
         let seqs = (0..b)
@@ -90,7 +90,7 @@ fn tg(exec: &mut dyn Executor, n: usize, b: usize, rep: u64, out: TgLogits) -> R
             .collect();
         let batch = ForwardBatch::new(seqs, BS, AttentionPath::Auto)?;
         match out {
-            TgLogits::Argmax => exec.forward_picks(&batch, &draws, &mut picks)?,
+            TgLogits::Argmax => exec.forward_picks(&batch, &draws, &mut picks, &mut whole)?,
             TgLogits::Sample | TgLogits::SampleFiltered => {
                 let filter = match out {
                     TgLogits::SampleFiltered => Filter {
@@ -107,7 +107,7 @@ fn tg(exec: &mut dyn Executor, n: usize, b: usize, rep: u64, out: TgLogits) -> R
                         filter,
                     };
                 }
-                exec.forward_picks(&batch, &draws, &mut picks)?
+                exec.forward_picks(&batch, &draws, &mut picks, &mut whole)?
             }
             TgLogits::Full => exec.forward_into(&batch, &mut logits)?,
         }

@@ -81,6 +81,9 @@ pub struct CudaExecutor {
     moe_gpu_max: usize,
     /// Zeros that `moe_norm_route` counts its blocks in, a token each (and resets).
     route_tickets: DBuf<u32>,
+    /// The logits of steps [`Executor::forward_picks`] picks on the host, kept (memory
+    /// already faulted in, as the engine keeps its logits buffer).
+    host_logits: Vec<f32>,
 }
 
 /// A step's logits on the device (in the step arena): `[rows, vocab]` f32, and
@@ -326,6 +329,7 @@ impl CudaExecutor {
             graphs: Graphs::new(),
             moe_gpu_max,
             route_tickets,
+            host_logits: Vec::new(),
         })
     }
 
@@ -1637,10 +1641,13 @@ impl Executor for CudaExecutor {
             // draws over every token (its filtered version is bench/cuda/pick-filtered-s29.patch,
             // not yet run on a GPU). Steps with rows handed back whole copy every row until
             // `deliver`'s copies of those rows alone have run on a GPU (pick_whole_rows).
-            let mut logits = Vec::new();
-            self.forward_into(batch, &mut logits)?;
-            let vocab = self.model.config().vocab_size;
-            return mlaserve_model::draw::picks_of(&logits, vocab, draws, out, whole);
+            let mut logits = std::mem::take(&mut self.host_logits);
+            let r = self.forward_into(batch, &mut logits).and_then(|_| {
+                let vocab = self.model.config().vocab_size;
+                mlaserve_model::draw::picks_of(&logits, vocab, draws, out, whole)
+            });
+            self.host_logits = logits;
+            return r;
         }
         self.step_into(batch, &mut Sink::Picks(draws, out, whole))
     }

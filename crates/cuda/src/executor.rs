@@ -101,7 +101,7 @@ const PICK_WORDS: usize = 9;
 /// Whether a step with rows handed back whole ([`RowDraw::Whole`]) picks the other rows on
 /// the device and copies only those (`MLASERVE_PICK_WHOLE_ROWS=1`, written in session 29 and
 /// not yet run on a GPU: bench/cuda/s30-first.sh), or copies every row and picks on the host
-/// (default).
+/// (default; the engine then takes such steps' logits whole: `Executor::picks_whole_rows`).
 fn pick_whole_rows() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("MLASERVE_PICK_WHOLE_ROWS").is_ok_and(|v| v == "1"))
@@ -1650,6 +1650,10 @@ impl Executor for CudaExecutor {
             return r;
         }
         self.step_into(batch, &mut Sink::Picks(draws, out, whole))
+    }
+
+    fn picks_whole_rows(&self) -> bool {
+        pick_whole_rows()
     }
 
     fn take_comm_seconds(&mut self) -> Option<f64> {

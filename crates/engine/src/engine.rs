@@ -407,12 +407,12 @@ fn sample_rows(
         };
         Some((sampled, rng))
     };
-    // whole rows sample on the host: in parallel where there are enough of them
-    let host_rows = match &step.rows {
-        StepRows::Logits(_) => step.ids.len(),
-        StepRows::Picks { whole_at, .. } => whole_at.iter().flatten().count(),
+    // whole rows sample on the host: in parallel where there are enough of them (a picked
+    // step's whole rows need penalties or logprobs: 0.2-1 ms each, worth a pool from two)
+    let parallel = match &step.rows {
+        StepRows::Logits(_) => step.ids.len() >= PAR_SAMPLE_ROWS,
+        StepRows::Picks { whole_at, .. } => whole_at.iter().flatten().count() >= 2,
     };
-    let parallel = host_rows >= PAR_SAMPLE_ROWS;
     let rows: Vec<_> = if parallel {
         (0..step.ids.len()).into_par_iter().map(one).collect()
     } else {

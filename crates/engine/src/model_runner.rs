@@ -28,6 +28,9 @@ pub struct ModelRunner {
     /// vocabulary; a fresh buffer costs its allocation and page faults every step).
     spare: Vec<f32>,
     spare_picks: Vec<RowPick>,
+    /// The whole rows of picked steps: a buffer of their own, so `spare` keeps its length
+    /// (a shorter one is filled before the next whole copy).
+    spare_whole: Vec<f32>,
     draws: Vec<RowDraw>,
     /// Steps with a row that [`SamplingParams::draws_on_device`] take
     /// [`Executor::forward_picks`].
@@ -95,6 +98,7 @@ impl ModelRunner {
             block_size,
             path,
             spare: Vec::new(),
+            spare_whole: Vec::new(),
             spare_picks: Vec::new(),
             draws: Vec::new(),
             device_sampling: std::env::var("MLASERVE_DEVICE_SAMPLING").map_or(true, |v| v != "0"),
@@ -175,12 +179,14 @@ impl ModelRunner {
                 self.draws.push(d);
             }
         }
-        let picks = self.draws.iter().any(|&d| d != RowDraw::Whole);
+        // An executor that would copy every row anyway for a whole one: the plain step.
+        let picks = self.draws.iter().any(|&d| d != RowDraw::Whole)
+            && (self.executor.picks_whole_rows() || !self.draws.contains(&RowDraw::Whole));
         let executor = &mut self.executor;
         let mut rows = if picks {
             StepRows::Picks {
                 picks: std::mem::take(&mut self.spare_picks),
-                whole: std::mem::take(&mut self.spare),
+                whole: std::mem::take(&mut self.spare_whole),
                 whole_at,
             }
         } else {
@@ -205,8 +211,18 @@ impl ModelRunner {
                     || matches!(&step.rows, StepRows::Picks { whole, whole_at, .. }
                         if whole.len() != whole_at.iter().flatten().count() * vocab_size) =>
             {
+                let whole = match &step.rows {
+                    StepRows::Picks {
+                        whole, whole_at, ..
+                    } => format!(
+                        " and {} values of whole rows for {} such rows",
+                        whole.len(),
+                        whole_at.iter().flatten().count()
+                    ),
+                    StepRows::Logits(_) => String::new(),
+                };
                 Err(ModelError::Batch(format!(
-                    "forward returned {} rows, expected {} of {vocab_size}",
+                    "forward returned {} rows{whole}, expected {} of {vocab_size}",
                     step.len(),
                     step.ids.len()
                 )))
@@ -234,7 +250,7 @@ impl ModelRunner {
             StepRows::Logits(l) => self.spare = l,
             StepRows::Picks { picks, whole, .. } => {
                 self.spare_picks = picks;
-                self.spare = whole;
+                self.spare_whole = whole;
             }
         }
     }

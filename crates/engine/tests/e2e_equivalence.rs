@@ -218,6 +218,11 @@ fn seeded_draws_are_the_same_picked_or_sampled_from_whole_rows() {
         ],
     );
     assert_eq!(beside[1].token_ids, picked.token_ids);
+    // the whole rows beside it: as each request alone
+    let alone = run(&handle, &r.prompts["len6"], sampled(9, Some(2)));
+    assert_eq!(beside[0].token_ids, alone.token_ids);
+    assert_eq!(beside[0].logprobs, alone.logprobs);
+    assert_eq!(beside[2].token_ids, r.greedy["len6"][..12]);
     assert_ne!(
         picked.token_ids, r.greedy["len13"],
         "temperature 1.1 should not be greedy"

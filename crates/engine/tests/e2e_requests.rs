@@ -501,4 +501,73 @@ fn a_steps_rows_are_picked_on_the_device_unless_they_need_their_whole_row() {
         tokens.iter().all(|&t| t == r.greedy["len6"][0]),
         "{tokens:?}"
     );
+
+    // Several whole rows around a picked one: each whole row is its own row (the runner's
+    // whole_at in order), each picked row its own argmax; then every row whole: the plain step.
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let exec = Recording {
+        inner: CpuExecutor::new(model.clone()),
+        calls: calls.clone(),
+    };
+    let mut runner = ModelRunner::new(Box::new(exec), 64, 4).unwrap();
+    let mut sched = Scheduler::new(SchedulerConfig {
+        max_num_seqs: 4,
+        max_num_batched_tokens: 512,
+        block_size: 4,
+        num_blocks: 64,
+        enable_prefix_caching: false,
+    });
+    let logprobs = SamplingParams {
+        logprobs: Some(1),
+        ..greedy(4)
+    };
+    let penalty = SamplingParams {
+        repetition_penalty: 1.3,
+        ..greedy(4)
+    };
+    let prompts = ["len6", "len13", "len6", "len13"];
+    let params = [logprobs.clone(), greedy(4), penalty.clone(), logprobs];
+    for (i, (p, q)) in prompts.iter().zip(params).enumerate() {
+        sched.add(Sequence::new(
+            i as u64,
+            i as u64,
+            r.prompts[*p].clone(),
+            q,
+            3,
+        ));
+    }
+    let out = sched.schedule();
+    assert_eq!(out.seqs.len(), 4, "four prompts in one step");
+    let step = runner.run(&out, &sched).unwrap();
+    let StepRows::Picks { picks, .. } = &step.rows else {
+        panic!("a picked row beside whole ones: not picked");
+    };
+    for (i, p) in prompts.iter().enumerate() {
+        let want = r.greedy[*p][0];
+        match step.row(i) {
+            Some(row) => {
+                assert_ne!(i, 1, "row 1 is picked");
+                assert_eq!(RowArgmax::of(row), picks[i].argmax, "row {i}");
+                assert_eq!(RowArgmax::of(row).token_id, want, "row {i}: its own row");
+            }
+            None => {
+                assert_eq!(i, 1, "row {i} needs its whole row");
+                assert_eq!(picks[i].token_id, want, "row 1's pick");
+            }
+        }
+    }
+    let mut sched2 = Scheduler::new(SchedulerConfig {
+        max_num_seqs: 4,
+        max_num_batched_tokens: 512,
+        block_size: 4,
+        num_blocks: 64,
+        enable_prefix_caching: false,
+    });
+    sched2.add(Sequence::new(0, 0, r.prompts["len6"].clone(), penalty, 3));
+    let step = runner.run(&sched2.schedule(), &sched2).unwrap();
+    assert!(
+        matches!(step.rows, StepRows::Logits(_)),
+        "every row whole: the plain step"
+    );
+    assert_eq!(*calls.lock().unwrap(), ["picks", "logits"]);
 }

@@ -58,6 +58,12 @@ pub trait Executor: Send {
         let logits = self.forward(batch)?;
         crate::draw::picks_of(&logits, vocab, draws, out, whole)
     }
+    /// Whether [`Executor::forward_picks`] hands back [`RowDraw::Whole`] rows for less than
+    /// a whole step's rows cost (the engine otherwise takes such a step's logits whole):
+    /// true where the picks are made on the host anyway.
+    fn picks_whole_rows(&self) -> bool {
+        true
+    }
     /// Where it runs, for logs and `/v1/models`: "cpu", "cuda:0", "cpu tp=2".
     fn device(&self) -> String;
     /// Seconds spent in collectives (all-reduce) since the last call; None where not measured.

@@ -736,13 +736,9 @@ impl CudaExecutor {
                 if rows == 0 {
                     return self.gpu.sync();
                 }
-                // the kernel's weights need p in [0, 1]: 1/T finite and above 0
-                if let Some(d) = draws.iter().find(|d| {
-                    matches!(d, RowDraw::Softmax { inv_temperature: t, .. } if !(t.is_finite() && *t > 0.0))
-                }) {
-                    return Err(CudaError::Invalid(format!(
-                        "a draw needs 1/temperature finite and above 0: {d:?}"
-                    )));
+                // the kernel's weights need p in [0, 1]
+                if let Some(e) = draws.iter().find_map(|d| d.check().err()) {
+                    return Err(CudaError::Invalid(e));
                 }
                 let (argmax, picked, at) =
                     (picks, picks + 16 * rows as u64, picks + 20 * rows as u64);

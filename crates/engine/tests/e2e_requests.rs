@@ -460,21 +460,28 @@ fn a_steps_rows_are_picked_on_the_device_unless_they_need_their_whole_row() {
         ("repetition penalty", |p| p.repetition_penalty = 1.2),
         ("presence penalty", |p| p.presence_penalty = 0.5),
     ];
-    let mut tokens = Vec::new();
-    for (name, f) in other {
+    // a runner over the CPU executor that records its entry points, and a scheduler for it
+    let recording_runner = || {
         let calls = Arc::new(Mutex::new(Vec::new()));
         let exec = Recording {
             inner: CpuExecutor::new(model.clone()),
             calls: calls.clone(),
         };
-        let mut runner = ModelRunner::new(Box::new(exec), 64, 4).unwrap();
-        let mut sched = Scheduler::new(SchedulerConfig {
+        (ModelRunner::new(Box::new(exec), 64, 4).unwrap(), calls)
+    };
+    let scheduler = || {
+        Scheduler::new(SchedulerConfig {
             max_num_seqs: 4,
             max_num_batched_tokens: 512,
             block_size: 4,
             num_blocks: 64,
             enable_prefix_caching: false,
-        });
+        })
+    };
+    let mut tokens = Vec::new();
+    for (name, f) in other {
+        let (mut runner, calls) = recording_runner();
+        let mut sched = scheduler();
         let mut second = greedy(4);
         f(&mut second);
         sched.add(Sequence::new(0, 0, r.prompts["len6"].clone(), greedy(4), 1));
@@ -504,19 +511,8 @@ fn a_steps_rows_are_picked_on_the_device_unless_they_need_their_whole_row() {
 
     // Several whole rows around a picked one: each whole row is its own row (the runner's
     // whole_at in order), each picked row its own argmax; then every row whole: the plain step.
-    let calls = Arc::new(Mutex::new(Vec::new()));
-    let exec = Recording {
-        inner: CpuExecutor::new(model.clone()),
-        calls: calls.clone(),
-    };
-    let mut runner = ModelRunner::new(Box::new(exec), 64, 4).unwrap();
-    let mut sched = Scheduler::new(SchedulerConfig {
-        max_num_seqs: 4,
-        max_num_batched_tokens: 512,
-        block_size: 4,
-        num_blocks: 64,
-        enable_prefix_caching: false,
-    });
+    let (mut runner, calls) = recording_runner();
+    let mut sched = scheduler();
     let logprobs = SamplingParams {
         logprobs: Some(1),
         ..greedy(4)
@@ -556,13 +552,7 @@ fn a_steps_rows_are_picked_on_the_device_unless_they_need_their_whole_row() {
             }
         }
     }
-    let mut sched2 = Scheduler::new(SchedulerConfig {
-        max_num_seqs: 4,
-        max_num_batched_tokens: 512,
-        block_size: 4,
-        num_blocks: 64,
-        enable_prefix_caching: false,
-    });
+    let mut sched2 = scheduler();
     sched2.add(Sequence::new(0, 0, r.prompts["len6"].clone(), penalty, 3));
     let step = runner.run(&sched2.schedule(), &sched2).unwrap();
     assert!(

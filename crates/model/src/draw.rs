@@ -64,6 +64,30 @@ pub enum RowDraw {
     },
 }
 
+impl RowDraw {
+    /// Whether this draw is one the weights are defined for: 1/temperature finite and above 0
+    /// (so every p lies in [0, 1]), top_p in (0, 1] and min_p in [0, 1] where filtered (the
+    /// ranges `SamplingParams::validate` enforces). The message names the draw.
+    pub fn check(&self) -> Result<(), String> {
+        match *self {
+            RowDraw::Softmax {
+                inv_temperature: t,
+                filter: f,
+                ..
+            } if !(t.is_finite() && t > 0.0)
+                || !(f.top_p > 0.0 && f.top_p <= 1.0)
+                || !(0.0..=1.0).contains(&f.min_p) =>
+            {
+                Err(format!(
+                    "a draw needs 1/temperature finite and above 0, top_p in (0, 1] and min_p \
+                     in [0, 1]: {self:?}"
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 /// What a device hands back for one row: its [`RowArgmax`] (the sampler's checks read it)
 /// and the token its [`RowDraw`] chose (the argmax's for `Argmax`, and for a row no sampler
 /// can use: one with NaN / +inf or no value above -inf).
@@ -162,6 +186,9 @@ pub fn picks_of(
             logits.len(),
             draws.len()
         )));
+    }
+    if let Some(e) = draws.iter().find_map(|d| d.check().err()) {
+        return Err(crate::ModelError::Batch(e));
     }
     out.clear();
     logits
@@ -494,5 +521,34 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Draws outside the weights' ranges are errors from `picks_of`, not panics or garbage.
+    #[test]
+    fn bad_draws_are_refused() {
+        let logits = [0.0f32, 1.0, 2.0];
+        let draw = |inv_temperature: f32, top_p: f32, min_p: f32| RowDraw::Softmax {
+            inv_temperature,
+            random: 1,
+            filter: Filter {
+                top_k: 0,
+                top_p,
+                min_p,
+            },
+        };
+        for bad in [
+            draw(-1.0, 1.0, 0.0),
+            draw(f32::NAN, 1.0, 0.0),
+            draw(f32::INFINITY, 1.0, 0.0),
+            draw(1.0, 0.0, 0.0),
+            draw(1.0, 1.0, 1.5),
+        ] {
+            let (mut out, mut whole) = (Vec::new(), Vec::new());
+            let e = picks_of(&logits, 3, &[bad], &mut out, &mut whole).unwrap_err();
+            assert!(e.to_string().contains("a draw needs"), "{e}");
+        }
+        let (mut out, mut whole) = (Vec::new(), Vec::new());
+        picks_of(&logits, 3, &[draw(2.0, 0.9, 0.1)], &mut out, &mut whole).unwrap();
+        assert_eq!(out.len(), 1);
     }
 }

@@ -69,21 +69,27 @@ impl RowDraw {
     /// (so every p lies in [0, 1]), top_p in (0, 1] and min_p in [0, 1] where filtered (the
     /// ranges `SamplingParams::validate` enforces). The message names the draw.
     pub fn check(&self) -> Result<(), String> {
-        match *self {
+        let ok = match *self {
             RowDraw::Softmax {
                 inv_temperature: t,
                 filter: f,
                 ..
-            } if !(t.is_finite() && t > 0.0)
-                || !(f.top_p > 0.0 && f.top_p <= 1.0)
-                || !(0.0..=1.0).contains(&f.min_p) =>
-            {
-                Err(format!(
-                    "a draw needs 1/temperature finite and above 0, top_p in (0, 1] and min_p \
-                     in [0, 1]: {self:?}"
-                ))
+            } => {
+                t.is_finite()
+                    && t > 0.0
+                    && f.top_p > 0.0
+                    && f.top_p <= 1.0
+                    && (0.0..=1.0).contains(&f.min_p)
             }
-            _ => Ok(()),
+            RowDraw::Argmax | RowDraw::Whole => true,
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(format!(
+                "a draw needs 1/temperature finite and above 0, top_p in (0, 1] and min_p in \
+                 [0, 1]: {self:?}"
+            ))
         }
     }
 }

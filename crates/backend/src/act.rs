@@ -15,6 +15,7 @@
 //!
 //! Invariant: every quantized value lies in -127..=127 (so `-q` never overflows an i8).
 
+use crate::isa::Isa;
 use mlaserve_gguf::{GgmlType, QK_K};
 
 /// The type an activation row is converted to before it meets a weight row.
@@ -86,6 +87,16 @@ impl ActType {
 /// If `x.len()` is not a multiple of the block size or `out` has the wrong length (internal
 /// callers size both from the weight matrix).
 pub fn quantize_act_row(act: ActType, x: &[f32], out: &mut [u8]) {
+    quantize_act_row_with(Isa::detect(), act, x, out)
+}
+
+/// [`quantize_act_row`] at instruction-set level `isa` (a level this CPU lacks falls back to
+/// [`Isa::Scalar`]). Every level writes the same bytes: the SIMD conversions repeat the
+/// scalar one's f32 operations lane by lane.
+///
+/// # Panics
+/// As [`quantize_act_row`].
+pub fn quantize_act_row_with(isa: Isa, act: ActType, x: &[f32], out: &mut [u8]) {
     assert_eq!(
         x.len() % act.block_size(),
         0,
@@ -96,6 +107,18 @@ pub fn quantize_act_row(act: ActType, x: &[f32], out: &mut [u8]) {
         act.row_bytes(x.len()),
         "activation buffer length"
     );
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar && isa.is_available() {
+        // SAFETY: AVX2/FMA/F16C are present (every level above Scalar has them); the
+        // lengths were checked above.
+        match act {
+            ActType::Q8_0 => return unsafe { crate::kernels::avx2::q8_0_act_row(x, out) },
+            ActType::Q8_K => return unsafe { crate::kernels::avx2::q8_k_act_row(x, out) },
+            _ => {}
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = isa;
     match act {
         ActType::F32 => out.copy_from_slice(bytemuck::cast_slice(x)),
         ActType::F16 => {
@@ -222,6 +245,74 @@ mod tests {
             let s = f32::from_le_bytes([blk[4], blk[5], blk[6], blk[7]]);
             let sum: f32 = b.iter().sum();
             assert!((s - sum).abs() < 1e-5, "{s} vs {sum}");
+        }
+    }
+
+    /// Rows that probe every branch of the conversions: random magnitudes over many
+    /// binades, exact halves after scaling (d a power of two), zeros, denormal-only blocks,
+    /// ±inf and NaN lanes.
+    fn awkward_rows() -> Vec<Vec<f32>> {
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let mut rows = Vec::new();
+        for case in 0..200 {
+            let mut x: Vec<f32> = (0..512)
+                .map(|_| {
+                    let r = next();
+                    let mag = f32::from_bits(((r >> 32) as u32 & 0x007f_ffff) | 0x3f80_0000) - 1.0;
+                    let e = ((r >> 8) % 40) as i32 - 20;
+                    let v = mag * 2f32.powi(e);
+                    if r & 1 == 1 {
+                        -v
+                    } else {
+                        v
+                    }
+                })
+                .collect();
+            match case % 5 {
+                // amax 127/8: d = 1/8 exactly, so (k + 0.5)/8 scales to an exact half.
+                0 => {
+                    for (i, v) in x.iter_mut().enumerate() {
+                        let k = (next() % 254) as f32 - 127.0;
+                        *v = if i % 32 == 0 {
+                            127.0 / 8.0
+                        } else {
+                            (k + 0.5) / 8.0
+                        };
+                    }
+                }
+                1 => x[..256].fill(0.0),
+                2 => x.iter_mut().for_each(|v| *v *= 1e-38),
+                3 => {
+                    x[3] = f32::NAN;
+                    x[40] = f32::INFINITY;
+                    x[300] = f32::NEG_INFINITY;
+                    x[301] = f32::NAN;
+                }
+                _ => {}
+            }
+            rows.push(x);
+        }
+        rows
+    }
+
+    #[test]
+    fn simd_conversion_is_the_scalar_bytes() {
+        for isa in Isa::available() {
+            for act in [ActType::Q8_0, ActType::Q8_K] {
+                for x in awkward_rows() {
+                    let mut want = vec![0u8; act.row_bytes(x.len())];
+                    let mut got = vec![0xAAu8; act.row_bytes(x.len())];
+                    quantize_act_row_with(Isa::Scalar, act, &x, &mut want);
+                    quantize_act_row_with(isa, act, &x, &mut got);
+                    assert_eq!(got, want, "{isa:?} {act:?}");
+                }
+            }
         }
     }
 

@@ -32,12 +32,12 @@ mod ops;
 mod qmatrix;
 mod quantize;
 
-pub use act::{dequantize_act_row, quantize_act_row, ActType};
+pub use act::{dequantize_act_row, quantize_act_row, quantize_act_row_with, ActType};
 pub use bytes::Bytes;
 pub use dequant::dequantize_row_bytes;
 pub use error::BackendError;
 pub use isa::Isa;
-pub use matmul::{matmul, matmul_with};
+pub use matmul::{matmul, matmul_batch, matmul_batch_with, matmul_with, MatmulJob};
 pub use mlaserve_gguf::GgmlType;
 pub use ops::{axpy, dot_f32, rms_norm, silu_mul, softmax_inplace};
 pub use qmatrix::QMatrix;

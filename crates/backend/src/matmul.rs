@@ -12,12 +12,11 @@
 //! chunking depends on the weight only and every kernel keeps one accumulator per token — so
 //! batched and one-at-a-time results are bit-identical.
 
-use crate::act::{quantize_act_row, ActType};
+use crate::act::{quantize_act_row_with, ActType};
 use crate::isa::Isa;
 use crate::kernels::row_kernel;
 use crate::qmatrix::QMatrix;
 use rayon::prelude::*;
-use std::borrow::Cow;
 use std::cell::Cell;
 
 /// Rows per tile.
@@ -50,79 +49,234 @@ pub fn matmul(x: &[f32], n_tokens: usize, w: &QMatrix, out: &mut [f32]) {
 /// [`matmul`] with the kernels of instruction-set level `isa` (a level this CPU lacks falls
 /// back to [`Isa::Scalar`]). For testing levels against each other.
 pub fn matmul_with(isa: Isa, x: &[f32], n_tokens: usize, w: &QMatrix, out: &mut [f32]) {
-    w.assert_consistent();
-    assert_eq!(
-        x.len(),
-        n_tokens * w.cols,
-        "matmul: x has {} values, expected [{n_tokens} x {}]",
-        x.len(),
-        w.cols
-    );
-    assert_eq!(
-        out.len(),
-        n_tokens * w.rows,
-        "matmul: out has {} values, expected [{n_tokens} x {}]",
-        out.len(),
-        w.rows
-    );
+    matmul_batch_with(
+        isa,
+        &mut [MatmulJob {
+            x,
+            n_tokens,
+            w,
+            out,
+        }],
+    )
+}
+
+/// One product of a [`matmul_batch`]: `out[t, r] = Σ_c x[t, c] · w[r, c]`, `x: [n_tokens,
+/// w.cols]`, `out: [n_tokens, w.rows]` (overwritten).
+pub struct MatmulJob<'a> {
+    /// Activations `[n_tokens, w.cols]`.
+    pub x: &'a [f32],
+    /// Activation rows.
+    pub n_tokens: usize,
+    /// The weight.
+    pub w: &'a QMatrix,
+    /// Output `[n_tokens, w.rows]`.
+    pub out: &'a mut [f32],
+}
+
+/// Several independent matmuls in one parallel region (a grouped GEMM): the experts of a MoE
+/// layer, gate and up of a SwiGLU, the per-head products of the absorbed attention. Each
+/// job's outputs are bit for bit those of [`matmul`] on it alone (the same tiles and
+/// chunks); jobs whose `x` is the same slice and whose weights take the same activation type
+/// share one conversion of it. One fork-join for the batch instead of one a product.
+///
+/// # Panics
+/// If a job's `x` or `out` does not have the length its shapes imply.
+pub fn matmul_batch(jobs: &mut [MatmulJob]) {
+    matmul_batch_with(Isa::detect(), jobs)
+}
+
+/// [`matmul_batch`] at instruction-set level `isa` (see [`matmul_with`]).
+pub fn matmul_batch_with(isa: Isa, jobs: &mut [MatmulJob]) {
     let isa = if isa.is_available() { isa } else { Isa::Scalar };
-    if n_tokens == 0 || w.rows == 0 {
-        return;
+    for j in jobs.iter() {
+        j.w.assert_consistent();
+        assert_eq!(
+            j.x.len(),
+            j.n_tokens * j.w.cols,
+            "matmul: x has {} values, expected [{} x {}]",
+            j.x.len(),
+            j.n_tokens,
+            j.w.cols
+        );
+        assert_eq!(
+            j.out.len(),
+            j.n_tokens * j.w.rows,
+            "matmul: out has {} values, expected [{} x {}]",
+            j.out.len(),
+            j.n_tokens,
+            j.w.rows
+        );
     }
-    let (Some(act), Some(kernel)) = (ActType::for_weight(w.ty), row_kernel(w.ty, isa)) else {
-        unreachable!("QMatrix invariant: {} is supported", w.ty);
-    };
-    let a_stride = act.row_bytes(w.cols);
-    let work = w.rows * w.row_bytes() * n_tokens;
+    let work: usize = jobs
+        .iter()
+        .map(|j| j.w.rows * j.w.row_bytes() * j.n_tokens)
+        .sum();
     let parallel = work >= PARALLEL_MIN_WORK && rayon::current_num_threads() > 1;
 
+    // Activations: f32 rows are read in place; the others are converted once per distinct
+    // (x, type), the first job with it converting, into one scratch buffer.
     let mut scratch = ACT_SCRATCH.with(|c| c.take());
-    let acts: Cow<[u8]> = if act == ActType::F32 {
-        Cow::Borrowed(bytemuck::cast_slice(x))
-    } else {
-        scratch.clear();
-        scratch.resize(n_tokens * a_stride, 0);
-        let rows = scratch
-            .chunks_exact_mut(a_stride.max(1))
-            .zip(x.chunks_exact(w.cols.max(1)));
-        if parallel && n_tokens >= 8 {
-            rows.par_bridge()
-                .for_each(|(o, xr)| quantize_act_row(act, xr, o));
-        } else {
-            rows.for_each(|(o, xr)| quantize_act_row(act, xr, o));
+    scratch.clear();
+    // Per job: its activations' offset in `scratch` (None: read `x` in place), and whether it
+    // converts them.
+    let mut act_at: Vec<Option<(usize, bool)>> = Vec::with_capacity(jobs.len());
+    for (i, j) in jobs.iter().enumerate() {
+        let act = act_type(j.w);
+        if act == ActType::F32 || j.n_tokens == 0 {
+            act_at.push(None);
+            continue;
         }
-        Cow::Owned(std::mem::take(&mut scratch))
-    };
+        let same = |k: &MatmulJob| {
+            std::ptr::eq(k.x, j.x) && act_type(k.w) == act && k.n_tokens == j.n_tokens
+        };
+        let at = match jobs[..i].iter().zip(&act_at).find(|(k, _)| same(k)) {
+            Some((_, Some((off, _)))) => (*off, false),
+            _ => {
+                let off = scratch.len();
+                scratch.resize(off + j.n_tokens * act.row_bytes(j.w.cols), 0);
+                (off, true)
+            }
+        };
+        act_at.push(Some(at));
+    }
+    for (j, at) in jobs.iter().zip(&act_at) {
+        let Some((off, true)) = *at else { continue };
+        let act = act_type(j.w);
+        let stride = act.row_bytes(j.w.cols);
+        let dst = &mut scratch[off..off + j.n_tokens * stride];
+        let rows = dst
+            .chunks_exact_mut(stride.max(1))
+            .zip(j.x.chunks_exact(j.w.cols.max(1)));
+        if parallel && j.n_tokens >= 8 {
+            rows.par_bridge()
+                .for_each(|(o, xr)| quantize_act_row_with(isa, act, xr, o));
+        } else {
+            rows.for_each(|(o, xr)| quantize_act_row_with(isa, act, xr, o));
+        }
+    }
 
-    let token_block = if n_tokens <= 4 { n_tokens } else { TOKEN_BLOCK };
-    let n_row_tiles = w.rows.div_ceil(ROW_TILE);
-    let n_tok_blocks = n_tokens.div_ceil(token_block);
-    let k_chunk = k_chunk(w, act);
-    let (w_bs, w_ts, a_bs, a_bb) = (
-        w.ty.block_size(),
-        w.ty.type_size(),
-        act.block_size(),
-        act.block_bytes(),
-    );
-    let out_ptr = SendPtr(out.as_mut_ptr());
-    let rows = w.rows;
-    let run_tile = |i: usize| {
-        let (tb, rt) = (i / n_row_tiles, i % n_row_tiles);
-        let (t0, t1) = (tb * token_block, ((tb + 1) * token_block).min(n_tokens));
-        let (r0, r1) = (rt * ROW_TILE, ((rt + 1) * ROW_TILE).min(rows));
-        // acc[(r - r0) * TOKEN_BLOCK + (t - t0)]
-        let mut acc = [0f32; ROW_TILE * TOKEN_BLOCK];
+    let plans: Vec<Plan> = jobs
+        .iter_mut()
+        .zip(&act_at)
+        .map(|(j, at)| {
+            let acts: &[u8] = match at {
+                Some((off, _)) => {
+                    &scratch[*off..*off + j.n_tokens * act_type(j.w).row_bytes(j.w.cols)]
+                }
+                None => bytemuck::cast_slice(j.x),
+            };
+            Plan::new(isa, j.w, j.n_tokens, acts, j.out.as_mut_ptr())
+        })
+        .collect();
+    // Tile k of the batch is tile k - first[p] of plan p.
+    let mut first = Vec::with_capacity(plans.len() + 1);
+    first.push(0usize);
+    for p in &plans {
+        first.push(first.last().unwrap() + p.n_tiles);
+    }
+    let n_tiles = *first.last().unwrap();
+    let run = |k: usize| {
+        let p = first.partition_point(|&f| f <= k) - 1;
+        plans[p].run_tile(k - first[p]);
+    };
+    if parallel {
+        (0..n_tiles).into_par_iter().for_each(run);
+    } else {
+        (0..n_tiles).for_each(run);
+    }
+    drop(plans);
+    scratch.clear();
+    ACT_SCRATCH.with(|c| c.set(scratch));
+}
+
+/// The activation type of weight `w` (every QMatrix type has one).
+fn act_type(w: &QMatrix) -> ActType {
+    ActType::for_weight(w.ty)
+        .unwrap_or_else(|| unreachable!("QMatrix invariant: {} is supported", w.ty))
+}
+
+/// One job's tiling: `[n_tokens, rows]` cut into tiles of `ROW_TILE` rows x `token_block`
+/// tokens, numbered token block major.
+struct Plan<'a> {
+    w: &'a QMatrix,
+    kernel: crate::kernels::RowKernel,
+    acts: &'a [u8],
+    a_stride: usize,
+    n_tokens: usize,
+    token_block: usize,
+    n_row_tiles: usize,
+    n_tiles: usize,
+    k_chunk: usize,
+    out: SendPtr,
+}
+
+impl<'a> Plan<'a> {
+    fn new(isa: Isa, w: &'a QMatrix, n_tokens: usize, acts: &'a [u8], out: *mut f32) -> Self {
+        let (Some(act), Some(kernel)) = (ActType::for_weight(w.ty), row_kernel(w.ty, isa)) else {
+            unreachable!("QMatrix invariant: {} is supported", w.ty);
+        };
+        let token_block = if n_tokens <= GROUP {
+            n_tokens
+        } else {
+            TOKEN_BLOCK
+        };
+        let n_row_tiles = w.rows.div_ceil(ROW_TILE);
+        let n_tiles = if n_tokens == 0 {
+            0
+        } else {
+            n_row_tiles * n_tokens.div_ceil(token_block)
+        };
+        Plan {
+            w,
+            kernel,
+            acts,
+            a_stride: act.row_bytes(w.cols),
+            n_tokens,
+            token_block,
+            n_row_tiles,
+            n_tiles,
+            k_chunk: k_chunk(w, act),
+            out: SendPtr(out),
+        }
+    }
+
+    fn run_tile(&self, i: usize) {
+        if self.token_block <= GROUP {
+            self.tile::<GROUP>(i)
+        } else {
+            self.tile::<TOKEN_BLOCK>(i)
+        }
+    }
+
+    /// Tile `i` with `TB >= token_block` accumulator columns.
+    fn tile<const TB: usize>(&self, i: usize) {
+        let w = self.w;
+        let act = ActType::for_weight(w.ty).expect("a plan's type is supported");
+        let (w_bs, w_ts, a_bs, a_bb) = (
+            w.ty.block_size(),
+            w.ty.type_size(),
+            act.block_size(),
+            act.block_bytes(),
+        );
+        let (tb, rt) = (i / self.n_row_tiles, i % self.n_row_tiles);
+        let (t0, t1) = (
+            tb * self.token_block,
+            ((tb + 1) * self.token_block).min(self.n_tokens),
+        );
+        let (r0, r1) = (rt * ROW_TILE, ((rt + 1) * ROW_TILE).min(w.rows));
+        // acc[(r - r0) * TB + (t - t0)]
+        let mut acc = [[0f32; TB]; ROW_TILE];
         let mut part = [0f32; GROUP];
         let mut k0 = 0;
         while k0 < w.cols {
-            let k1 = (k0 + k_chunk).min(w.cols);
+            let k1 = (k0 + self.k_chunk).min(w.cols);
             let (wb0, ab0) = (k0 / w_bs * w_ts, k0 / a_bs * a_bb);
             for g0 in (t0..t1).step_by(GROUP) {
                 let ng = GROUP.min(t1 - g0);
-                let a = &acts[g0 * a_stride + ab0..];
+                let a = &self.acts[g0 * self.a_stride + ab0..];
                 for r in r0..r1 {
-                    kernel(k1 - k0, &w.row(r)[wb0..], a, a_stride, &mut part[..ng]);
-                    let dst = &mut acc[(r - r0) * TOKEN_BLOCK + (g0 - t0)..][..ng];
+                    (self.kernel)(k1 - k0, &w.row(r)[wb0..], a, self.a_stride, &mut part[..ng]);
+                    let dst = &mut acc[r - r0][g0 - t0..][..ng];
                     for (d, p) in dst.iter_mut().zip(&part[..ng]) {
                         *d += *p;
                     }
@@ -133,28 +287,16 @@ pub fn matmul_with(isa: Isa, x: &[f32], n_tokens: usize, w: &QMatrix, out: &mut 
         for r in r0..r1 {
             for t in t0..t1 {
                 // SAFETY: (t, r) lies inside [n_tokens, rows] and belongs to this tile only;
-                // tiles partition the output, so no two writers share an element.
+                // tiles partition the job's output, jobs own disjoint outputs (`&mut`), and
+                // the output outlives the parallel loop.
                 unsafe {
-                    out_ptr
+                    self.out
                         .get()
-                        .add(t * rows + r)
-                        .write(acc[(r - r0) * TOKEN_BLOCK + (t - t0)])
+                        .add(t * w.rows + r)
+                        .write(acc[r - r0][t - t0])
                 };
             }
         }
-    };
-    let n_tiles = n_row_tiles * n_tok_blocks;
-    if parallel {
-        (0..n_tiles).into_par_iter().for_each(run_tile);
-    } else {
-        (0..n_tiles).for_each(run_tile);
-    }
-
-    if let Cow::Owned(mut v) = acts {
-        v.clear();
-        ACT_SCRATCH.with(|c| c.set(v));
-    } else if scratch.capacity() > 0 {
-        ACT_SCRATCH.with(|c| c.set(scratch));
     }
 }
 

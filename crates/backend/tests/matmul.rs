@@ -5,7 +5,8 @@ mod common;
 
 use common::{random_matrix, Rng, TYPES};
 use mlaserve_backend::{
-    dequantize_act_row, matmul, matmul_with, quantize_act_row, ActType, GgmlType, Isa, QMatrix,
+    dequantize_act_row, matmul, matmul_batch_with, matmul_with, quantize_act_row, ActType,
+    GgmlType, Isa, MatmulJob, QMatrix,
 };
 
 /// Activation rows as the kernels see them: converted to `act`, then back to f32.
@@ -207,6 +208,64 @@ fn large_parallel_shapes_match_serial_rows() {
             let mut one = vec![0f32; rows];
             matmul(&x[t * cols..(t + 1) * cols], 1, &w, &mut one);
             assert_eq!(&out[t * rows..(t + 1) * rows], &one[..], "{ty} token {t}");
+        }
+    }
+}
+
+#[test]
+fn batch_is_each_job_alone_bit_for_bit() {
+    // Jobs of mixed types, shapes and token counts (0, 1, 3, 5, 70: every tile width), some
+    // sharing one x (one conversion), at every level, small and threaded.
+    let mut rng = Rng::new(9);
+    let cols = 1024;
+    let types = [
+        GgmlType::Q4_K,
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+        GgmlType::F32,
+        GgmlType::Q6_K,
+        GgmlType::BF16,
+        GgmlType::Q4_K,
+    ];
+    let rows = [33, 16, 128, 7, 300, 64, 1];
+    let ws: Vec<QMatrix> = types
+        .iter()
+        .zip(rows)
+        .map(|(&ty, r)| random_matrix(ty, r, cols, &mut rng))
+        .collect();
+    for n_tok in [[1usize; 7], [3, 3, 5, 0, 70, 3, 1]] {
+        let xs: Vec<Vec<f32>> = n_tok.iter().map(|&n| rng.vec(n * cols, 1.0)).collect();
+        // Jobs 0, 1 and 5 share x[0] where their token counts agree.
+        let x_of = |i: usize| {
+            if n_tok[i] == n_tok[0] && [1, 5].contains(&i) {
+                0
+            } else {
+                i
+            }
+        };
+        for isa in Isa::available() {
+            let mut outs: Vec<Vec<f32>> =
+                (0..7).map(|i| vec![f32::NAN; n_tok[i] * rows[i]]).collect();
+            let mut jobs: Vec<MatmulJob> = outs
+                .iter_mut()
+                .enumerate()
+                .map(|(i, out)| MatmulJob {
+                    x: &xs[x_of(i)],
+                    n_tokens: n_tok[i],
+                    w: &ws[i],
+                    out,
+                })
+                .collect();
+            matmul_batch_with(isa, &mut jobs);
+            for i in 0..7 {
+                let mut want = vec![0f32; n_tok[i] * rows[i]];
+                matmul_with(isa, &xs[x_of(i)], n_tok[i], &ws[i], &mut want);
+                assert_eq!(
+                    outs[i], want,
+                    "{isa:?} job {i} ({}, {} tokens)",
+                    types[i], n_tok[i]
+                );
+            }
         }
     }
 }

@@ -9,6 +9,8 @@
 //! [`crate::Isa::Avx2`], which `matmul_with` hands out only after run-time detection.
 
 #[cfg(target_arch = "x86_64")]
+mod act;
+#[cfg(target_arch = "x86_64")]
 mod float;
 #[cfg(target_arch = "x86_64")]
 mod kquant;
@@ -18,7 +20,13 @@ mod kquant_low;
 mod q8;
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use {float::*, kquant::*, kquant_low::*, q8::*};
+pub(crate) use {
+    act::{q8_0_row as q8_0_act_row, q8_k_row as q8_k_act_row},
+    float::*,
+    kquant::*,
+    kquant_low::*,
+    q8::*,
+};
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod util {

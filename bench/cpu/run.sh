@@ -22,7 +22,7 @@ shift || true
 QUANTS=("${@:-Q8_0 Q4_K_M}")
 # shellcheck disable=SC2206
 QUANTS=(${QUANTS[*]})
-OUT="$HERE/raw"
+OUT="${OUT:-$HERE/raw}"
 mkdir -p "$OUT"
 
 log_load() { echo "$(date -u +%FT%TZ) $1 $(uptime | sed 's/.*load average/load average/')" | tee -a "$OUT/load.log"; }

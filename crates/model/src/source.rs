@@ -173,7 +173,7 @@ impl Source {
         }
     }
 
-    fn tensor_err(&self, tensor: &str, msg: impl Into<String>) -> ModelError {
+    pub(crate) fn tensor_err(&self, tensor: &str, msg: impl Into<String>) -> ModelError {
         ModelError::Tensor {
             source_name: self.name(),
             tensor: tensor.to_string(),
@@ -255,6 +255,17 @@ impl Source {
         shape: &[usize],
         rows: std::ops::Range<usize>,
     ) -> Result<Vec<f32>, ModelError> {
+        Ok(self.rows(name, shape, rows)?.to_f32())
+    }
+
+    /// Rows `rows` of a tensor of exactly `shape`, viewed as `[prod(shape[..-1]), shape[-1]]`,
+    /// in the stored type.
+    pub fn rows(
+        &self,
+        name: &str,
+        shape: &[usize],
+        rows: std::ops::Range<usize>,
+    ) -> Result<QMatrix, ModelError> {
         let (ty, got, bytes) = self.raw(name)?;
         if got != shape {
             return Err(self.tensor_err(name, format!("shape {got:?}, expected {shape:?}")));
@@ -266,7 +277,7 @@ impl Source {
         }
         let m = QMatrix::new(ty, total, cols, bytes)
             .map_err(|e| self.tensor_err(name, e.to_string()))?;
-        Ok(m.rows_slice(rows.start, rows.len()).to_f32())
+        Ok(m.rows_slice(rows.start, rows.len()))
     }
 
     /// Expert `e`'s projection of layer `layer`: [rows, cols] (gate/up [F, H], down [H, F]).

@@ -17,15 +17,27 @@
 use crate::config::{Gating, MoeConfig};
 use crate::probe::{probe, PathTag};
 use crate::weights::{Mlp, Moe};
-use mlaserve_backend::{matmul, silu_mul};
+use mlaserve_backend::{matmul, matmul_batch, silu_mul, MatmulJob};
 
 /// SwiGLU over x [T, H] -> [T, H].
 pub fn mlp_forward(m: &Mlp, x: &[f32], t: usize) -> Vec<f32> {
     let f = m.gate.rows;
     let mut g = vec![0f32; t * f];
     let mut u = vec![0f32; t * f];
-    matmul(x, t, &m.gate, &mut g);
-    matmul(x, t, &m.up, &mut u);
+    matmul_batch(&mut [
+        MatmulJob {
+            x,
+            n_tokens: t,
+            w: &m.gate,
+            out: &mut g,
+        },
+        MatmulJob {
+            x,
+            n_tokens: t,
+            w: &m.up,
+            out: &mut u,
+        },
+    ]);
     silu_mul(&mut g, &u);
     let mut out = vec![0f32; t * m.down.rows];
     matmul(&g, t, &m.down, &mut out);
@@ -92,11 +104,40 @@ pub fn route(cfg: &MoeConfig, logits: &[f32], bias: Option<&[f32]>) -> (Vec<usiz
 }
 
 /// MoE over x [T, H] -> [T, H].
+///
+/// Three grouped products (see [`matmul_batch`]): the router with the shared experts'
+/// gate/up, every routed expert's gate/up over its tokens, then every down. The outputs are
+/// added as one expert after another, in expert order, then the shared experts.
 pub fn moe_forward(cfg: &MoeConfig, layer: usize, m: &Moe, x: &[f32], t: usize) -> Vec<f32> {
     let h = m.router.cols;
     let e = m.router.rows;
     let mut logits = vec![0f32; t * e];
-    matmul(x, t, &m.router, &mut logits);
+    // Shared experts' gate/up, [T, Fs] each.
+    let fs = m.shared.as_ref().map_or(0, |sh| sh.gate.rows);
+    let (mut sg, mut su) = (vec![0f32; t * fs], vec![0f32; t * fs]);
+    {
+        let mut jobs = vec![MatmulJob {
+            x,
+            n_tokens: t,
+            w: &m.router,
+            out: &mut logits,
+        }];
+        if let Some(sh) = &m.shared {
+            jobs.push(MatmulJob {
+                x,
+                n_tokens: t,
+                w: &sh.gate,
+                out: &mut sg,
+            });
+            jobs.push(MatmulJob {
+                x,
+                n_tokens: t,
+                w: &sh.up,
+                out: &mut su,
+            });
+        }
+        matmul_batch(&mut jobs);
+    }
     // Per expert: (token, weight).
     let mut assign: Vec<Vec<(usize, f32)>> = vec![Vec::new(); e];
     let mut topk_flat = Vec::with_capacity(t * cfg.top_k * 2);
@@ -119,19 +160,81 @@ pub fn moe_forward(cfg: &MoeConfig, layer: usize, m: &Moe, x: &[f32], t: usize) 
         &[t, 2 * cfg.top_k],
         &topk_flat,
     );
-    let mut out = vec![0f32; t * h];
-    // Only the experts held here (all of them unless expert-parallel).
+    // Only the experts held here (all of them unless expert-parallel) that have tokens.
     let mine = m.first_expert..m.first_expert + m.experts.len();
-    for (ei, toks) in assign.iter().enumerate() {
-        if toks.is_empty() || !mine.contains(&ei) {
-            continue;
+    let active: Vec<usize> = (0..e)
+        .filter(|ei| !assign[*ei].is_empty() && mine.contains(ei))
+        .collect();
+    let xs: Vec<Vec<f32>> = active
+        .iter()
+        .map(|&ei| {
+            assign[ei]
+                .iter()
+                .flat_map(|&(ti, _)| x[ti * h..(ti + 1) * h].iter().copied())
+                .collect()
+        })
+        .collect();
+    // gate / up [n_e, F] per active expert.
+    let mut gs: Vec<Vec<f32>> = Vec::with_capacity(active.len());
+    let mut us: Vec<Vec<f32>> = Vec::with_capacity(active.len());
+    for &ei in &active {
+        let len = assign[ei].len() * m.experts[ei - m.first_expert].gate.rows;
+        gs.push(vec![0f32; len]);
+        us.push(vec![0f32; len]);
+    }
+    {
+        let mut jobs = Vec::with_capacity(2 * active.len());
+        for (((&ei, xe), g), u) in active.iter().zip(&xs).zip(&mut gs).zip(&mut us) {
+            let ex = &m.experts[ei - m.first_expert];
+            let n = assign[ei].len();
+            jobs.push(MatmulJob {
+                x: xe,
+                n_tokens: n,
+                w: &ex.gate,
+                out: g,
+            });
+            jobs.push(MatmulJob {
+                x: xe,
+                n_tokens: n,
+                w: &ex.up,
+                out: u,
+            });
         }
-        let xe: Vec<f32> = toks
-            .iter()
-            .flat_map(|&(ti, _)| x[ti * h..(ti + 1) * h].iter().copied())
-            .collect();
-        let ye = mlp_forward(&m.experts[ei - m.first_expert], &xe, toks.len());
-        for (k, &(ti, wi)) in toks.iter().enumerate() {
+        matmul_batch(&mut jobs);
+    }
+    for (g, u) in gs.iter_mut().zip(&us) {
+        silu_mul(g, u);
+    }
+    silu_mul(&mut sg, &su);
+    // down: [n_e, H] per active expert, [T, H] for the shared experts.
+    let mut ys: Vec<Vec<f32>> = active
+        .iter()
+        .map(|&ei| vec![0f32; assign[ei].len() * h])
+        .collect();
+    let mut y_shared = vec![0f32; if m.shared.is_some() { t * h } else { 0 }];
+    {
+        let mut jobs = Vec::with_capacity(active.len() + 1);
+        for ((&ei, g), y) in active.iter().zip(&gs).zip(&mut ys) {
+            jobs.push(MatmulJob {
+                x: g,
+                n_tokens: assign[ei].len(),
+                w: &m.experts[ei - m.first_expert].down,
+                out: y,
+            });
+        }
+        if let Some(sh) = &m.shared {
+            jobs.push(MatmulJob {
+                x: &sg,
+                n_tokens: t,
+                w: &sh.down,
+                out: &mut y_shared,
+            });
+        }
+        matmul_batch(&mut jobs);
+    }
+    let mut out = vec![0f32; t * h];
+    for (&ei, ye) in active.iter().zip(&ys) {
+        for (k, &(ti, wi)) in assign[ei].iter().enumerate() {
             for (o, &y) in out[ti * h..(ti + 1) * h]
                 .iter_mut()
                 .zip(&ye[k * h..(k + 1) * h])
@@ -140,9 +243,8 @@ pub fn moe_forward(cfg: &MoeConfig, layer: usize, m: &Moe, x: &[f32], t: usize) 
             }
         }
     }
-    if let Some(sh) = &m.shared {
-        let ys = mlp_forward(sh, x, t);
-        for (o, y) in out.iter_mut().zip(ys) {
+    if m.shared.is_some() {
+        for (o, y) in out.iter_mut().zip(y_shared) {
             *o += y;
         }
     }

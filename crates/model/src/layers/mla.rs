@@ -25,7 +25,7 @@ use crate::forward_batch::ForwardBatch;
 use crate::kv_cache::LatentCache;
 use crate::probe::{probe, PathTag};
 use crate::weights::{IndexerWeights, MlaWeights};
-use mlaserve_backend::{matmul, rms_norm};
+use mlaserve_backend::{matmul, matmul_batch, rms_norm, MatmulJob, QMatrix};
 use rayon::prelude::*;
 
 /// Slot of position `pos` of sequence `s`.
@@ -61,24 +61,45 @@ pub fn forward(
     let eps = cfg.rms_norm_eps;
 
     // q: [T, N*(P+R)], per head [nope | rope]; q_c: [T, Lq] (the indexer reads it too).
+    // kv: [T, L+R] = [kv_c | k_pe], from h in one grouped product with q_a (or q_b).
     let mut q = vec![0f32; t * n * qk];
+    let mut kv = vec![0f32; t * (l + r)];
+    let kv_job = |out| MatmulJob {
+        x: h,
+        n_tokens: t,
+        w: &w.kv_a,
+        out,
+    };
     let q_c = match (&w.q_a, &w.q_a_norm) {
         (Some(q_a), Some(norm)) => {
             let lq = q_a.rows;
             let mut qc = vec![0f32; t * lq];
-            matmul(h, t, q_a, &mut qc);
+            matmul_batch(&mut [
+                MatmulJob {
+                    x: h,
+                    n_tokens: t,
+                    w: q_a,
+                    out: &mut qc,
+                },
+                kv_job(&mut kv),
+            ]);
             rms_norm(&mut qc, lq, norm, eps);
             matmul(&qc, t, &w.q_b, &mut q);
             Some(qc)
         }
         _ => {
-            matmul(h, t, &w.q_b, &mut q);
+            matmul_batch(&mut [
+                MatmulJob {
+                    x: h,
+                    n_tokens: t,
+                    w: &w.q_b,
+                    out: &mut q,
+                },
+                kv_job(&mut kv),
+            ]);
             None
         }
     };
-    // kv: [T, L+R] = [kv_c | k_pe]
-    let mut kv = vec![0f32; t * (l + r)];
-    matmul(h, t, &w.kv_a, &mut kv);
     for ti in 0..t {
         let row = &mut kv[ti * (l + r)..(ti + 1) * (l + r)];
         rms_norm(&mut row[..l], l, &w.kv_a_norm, eps);
@@ -148,18 +169,31 @@ pub fn forward(
             .collect();
         let per_head: Vec<Vec<f32>> = if batch.is_decode[a] {
             path_tag = PathTag::Mqa;
-            // Absorbed: q_lat [qlen, L] per head; attend over latent rows.
-            let q_lat_all: Vec<Vec<f32>> = (0..n)
-                .into_par_iter()
+            // Absorbed: q_lat [qlen, L] per head (one grouped product over the heads);
+            // attend over latent rows.
+            let w_uk_t: Vec<QMatrix> = (0..n).map(|hd| w.w_uk_t.rows_slice(hd * l, l)).collect();
+            let w_uv: Vec<QMatrix> = (0..n).map(|hd| w.w_uv.rows_slice(hd * v, v)).collect();
+            let q_nope: Vec<Vec<f32>> = (0..n)
                 .map(|hd| {
-                    let qn: Vec<f32> = (0..qlen)
+                    (0..qlen)
                         .flat_map(|i| q[(a + i) * n * qk + hd * qk..][..p].iter().copied())
-                        .collect();
-                    let mut q_lat = vec![0f32; qlen * l];
-                    matmul(&qn, qlen, &w.w_uk_t.rows_slice(hd * l, l), &mut q_lat);
-                    q_lat
+                        .collect()
                 })
                 .collect();
+            let mut q_lat_all: Vec<Vec<f32>> = vec![vec![0f32; qlen * l]; n];
+            matmul_batch(
+                &mut q_nope
+                    .iter()
+                    .zip(&w_uk_t)
+                    .zip(&mut q_lat_all)
+                    .map(|((x, w), out)| MatmulJob {
+                        x,
+                        n_tokens: qlen,
+                        w,
+                        out,
+                    })
+                    .collect::<Vec<_>>(),
+            );
             if crate::probe::active() {
                 let flat: Vec<f32> = (0..qlen)
                     .flat_map(|i| (0..n).flat_map(move |hd| (0..l).map(move |x| (hd, i, x))))
@@ -170,7 +204,7 @@ pub fn forward(
             let rows: Vec<&[f32]> = (0..ctx + qlen)
                 .map(|pos| cache.row(layer, slot(batch, s, pos)))
                 .collect();
-            (0..n)
+            let o_lat: Vec<Vec<f32>> = (0..n)
                 .into_par_iter()
                 .map(|hd| {
                     let mut scores = Vec::new();
@@ -187,11 +221,25 @@ pub fn forward(
                             &mut o_lat[i * l..(i + 1) * l],
                         );
                     }
-                    let mut out = vec![0f32; qlen * v];
-                    matmul(&o_lat, qlen, &w.w_uv.rows_slice(hd * v, v), &mut out);
-                    out
+                    o_lat
                 })
-                .collect()
+                .collect();
+            // out_h = W_UV_h · o_lat_h, one grouped product over the heads.
+            let mut outs: Vec<Vec<f32>> = vec![vec![0f32; qlen * v]; n];
+            matmul_batch(
+                &mut o_lat
+                    .iter()
+                    .zip(&w_uv)
+                    .zip(&mut outs)
+                    .map(|((x, w), out)| MatmulJob {
+                        x,
+                        n_tokens: qlen,
+                        w,
+                        out,
+                    })
+                    .collect::<Vec<_>>(),
+            );
+            outs
         } else {
             path_tag = if ctx > 0 {
                 PathTag::Context
@@ -209,8 +257,20 @@ pub fn forward(
             }
             let mut k_nope = vec![0f32; total * n * p];
             let mut vals = vec![0f32; total * n * v];
-            matmul(&kvc, total, &w.w_uk, &mut k_nope);
-            matmul(&kvc, total, &w.w_uv, &mut vals);
+            matmul_batch(&mut [
+                MatmulJob {
+                    x: &kvc,
+                    n_tokens: total,
+                    w: &w.w_uk,
+                    out: &mut k_nope,
+                },
+                MatmulJob {
+                    x: &kvc,
+                    n_tokens: total,
+                    w: &w.w_uv,
+                    out: &mut vals,
+                },
+            ]);
             (0..n)
                 .into_par_iter()
                 .map(|hd| {

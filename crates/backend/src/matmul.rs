@@ -14,8 +14,9 @@
 
 use crate::act::{quantize_act_row_with, ActType};
 use crate::isa::Isa;
-use crate::kernels::row_kernel;
+use crate::kernels::{dequantize_with, row_kernel};
 use crate::qmatrix::QMatrix;
+use mlaserve_gguf::GgmlType;
 use rayon::prelude::*;
 use std::cell::Cell;
 
@@ -189,16 +190,31 @@ pub fn matmul_batch_with(isa: Isa, jobs: &mut [MatmulJob]) {
     ACT_SCRATCH.with(|c| c.set(scratch));
 }
 
-/// The activation type of weight `w` (every QMatrix type has one).
+/// The activation type of weight `w` (every QMatrix type has one): f32 where `w` is
+/// multiplied as its dequantized values.
 fn act_type(w: &QMatrix) -> ActType {
+    if w.has_f32_activations() {
+        return ActType::F32;
+    }
     ActType::for_weight(w.ty)
         .unwrap_or_else(|| unreachable!("QMatrix invariant: {} is supported", w.ty))
+}
+
+thread_local! {
+    /// A tile's weight rows dequantized for one column chunk (`QMatrix::with_f32_activations`).
+    static DEQ_SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
 /// One job's tiling: `[n_tokens, rows]` cut into tiles of `ROW_TILE` rows x `token_block`
 /// tokens, numbered token block major.
 struct Plan<'a> {
+    isa: Isa,
     w: &'a QMatrix,
+    /// `w`'s bytes, resolved once (row `r` at `r * row_bytes`).
+    wdata: &'a [u8],
+    row_bytes: usize,
+    /// Whether each chunk of the tile's rows is dequantized to f32 for the f32 kernel.
+    dequant: bool,
     kernel: crate::kernels::RowKernel,
     acts: &'a [u8],
     a_stride: usize,
@@ -212,7 +228,11 @@ struct Plan<'a> {
 
 impl<'a> Plan<'a> {
     fn new(isa: Isa, w: &'a QMatrix, n_tokens: usize, acts: &'a [u8], out: *mut f32) -> Self {
-        let (Some(act), Some(kernel)) = (ActType::for_weight(w.ty), row_kernel(w.ty, isa)) else {
+        let act = act_type(w);
+        // Dequantized tiles meet the activations through the f32 kernel.
+        let dequant = act == ActType::F32 && w.ty != GgmlType::F32;
+        let kernel_ty = if dequant { GgmlType::F32 } else { w.ty };
+        let Some(kernel) = row_kernel(kernel_ty, isa) else {
             unreachable!("QMatrix invariant: {} is supported", w.ty);
         };
         let token_block = if n_tokens <= GROUP {
@@ -227,7 +247,11 @@ impl<'a> Plan<'a> {
             n_row_tiles * n_tokens.div_ceil(token_block)
         };
         Plan {
+            isa,
             w,
+            wdata: w.data(),
+            row_bytes: w.row_bytes(),
+            dequant,
             kernel,
             acts,
             a_stride: act.row_bytes(w.cols),
@@ -251,7 +275,7 @@ impl<'a> Plan<'a> {
     /// Tile `i` with `TB >= token_block` accumulator columns.
     fn tile<const TB: usize>(&self, i: usize) {
         let w = self.w;
-        let act = ActType::for_weight(w.ty).expect("a plan's type is supported");
+        let act = act_type(w);
         let (w_bs, w_ts, a_bs, a_bb) = (
             w.ty.block_size(),
             w.ty.type_size(),
@@ -267,15 +291,36 @@ impl<'a> Plan<'a> {
         // acc[(r - r0) * TB + (t - t0)]
         let mut acc = [[0f32; TB]; ROW_TILE];
         let mut part = [0f32; GROUP];
+        // Dequantized chunk of row r: deq[(r - r0) * k_chunk..][..k1 - k0].
+        let mut deq = if self.dequant {
+            let mut v = DEQ_SCRATCH.with(|c| c.take());
+            v.resize(ROW_TILE * self.k_chunk, 0.0);
+            v
+        } else {
+            Vec::new()
+        };
         let mut k0 = 0;
         while k0 < w.cols {
             let k1 = (k0 + self.k_chunk).min(w.cols);
             let (wb0, ab0) = (k0 / w_bs * w_ts, k0 / a_bs * a_bb);
+            if self.dequant {
+                let wb1 = k1 / w_bs * w_ts;
+                for r in r0..r1 {
+                    let dst = &mut deq[(r - r0) * self.k_chunk..][..k1 - k0];
+                    let row = &self.wdata[r * self.row_bytes..];
+                    dequantize_with(self.isa, w.ty, &row[wb0..wb1], dst);
+                }
+            }
             for g0 in (t0..t1).step_by(GROUP) {
                 let ng = GROUP.min(t1 - g0);
                 let a = &self.acts[g0 * self.a_stride + ab0..];
                 for r in r0..r1 {
-                    (self.kernel)(k1 - k0, &w.row(r)[wb0..], a, self.a_stride, &mut part[..ng]);
+                    let wr: &[u8] = if self.dequant {
+                        bytemuck::cast_slice(&deq[(r - r0) * self.k_chunk..][..k1 - k0])
+                    } else {
+                        &self.wdata[r * self.row_bytes + wb0..(r + 1) * self.row_bytes]
+                    };
+                    (self.kernel)(k1 - k0, wr, a, self.a_stride, &mut part[..ng]);
                     let dst = &mut acc[r - r0][g0 - t0..][..ng];
                     for (d, p) in dst.iter_mut().zip(&part[..ng]) {
                         *d += *p;
@@ -283,6 +328,9 @@ impl<'a> Plan<'a> {
                 }
             }
             k0 = k1;
+        }
+        if self.dequant {
+            DEQ_SCRATCH.with(|c| c.set(deq));
         }
         for r in r0..r1 {
             for t in t0..t1 {

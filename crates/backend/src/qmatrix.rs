@@ -21,6 +21,9 @@ pub struct QMatrix {
     /// Number of columns (in_features).
     pub cols: usize,
     data: Bytes,
+    /// Multiply f32 activations by the dequantized weights (exact), not the activations
+    /// converted to the type's vec_dot type (see [`QMatrix::with_f32_activations`]).
+    f32_act: bool,
 }
 
 impl QMatrix {
@@ -41,7 +44,25 @@ impl QMatrix {
             rows,
             cols,
             data,
+            f32_act: false,
         })
+    }
+
+    /// This matrix multiplied as its exact dequantized values against f32 activations:
+    /// `matmul` then converts no activation and dequantizes each tile's weights to f32 once
+    /// for its tokens. The bytes read stay the stored ones (a quarter of f32's for Q8_0);
+    /// the results are those of the f32 matrix of [`QMatrix::to_f32`] up to the order of f32
+    /// additions. For products whose inputs must not be rounded: the absorbed attention's
+    /// `W_UK`/`W_UV`, which the unabsorbed path checks against (llama.cpp rounds them to
+    /// Q8_0).
+    pub fn with_f32_activations(mut self) -> Self {
+        self.f32_act = true;
+        self
+    }
+
+    /// Whether [`QMatrix::with_f32_activations`] applies.
+    pub fn has_f32_activations(&self) -> bool {
+        self.f32_act
     }
 
     /// Bytes a `[rows, cols]` matrix of `ty` takes, or why it cannot exist.
@@ -76,6 +97,7 @@ impl QMatrix {
             rows,
             cols,
             data: Bytes::from_vec(bytes),
+            f32_act: false,
         }
     }
 
@@ -136,6 +158,7 @@ impl QMatrix {
             rows: n,
             cols: self.cols,
             data: self.data.slice(start * rb..(start + n) * rb),
+            f32_act: self.f32_act,
         }
     }
 

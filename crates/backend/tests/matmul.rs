@@ -155,6 +155,44 @@ fn matches_f32_reference_within_activation_rounding() {
 }
 
 #[test]
+fn f32_activations_multiply_the_dequantized_values() {
+    // Every type, token counts on both tile widths, several chunks of columns, every level:
+    // the f32 activations against the exact dequantized weights, as the f32 matrix of
+    // to_f32() computes them (up to the order of f32 additions).
+    let mut rng = Rng::new(12);
+    for &ty in TYPES {
+        let (rows, cols) = (21, 12 * ty.block_size().max(256));
+        let w = random_matrix(ty, rows, cols, &mut rng);
+        let wf = QMatrix::from_f32(rows, cols, w.to_f32());
+        let exact = w.clone().with_f32_activations();
+        assert!(exact.rows_slice(3, 5).has_f32_activations());
+        for n_tokens in [1, 3, 70] {
+            let x = rng.vec(n_tokens * cols, 2.0);
+            let (want, mag) = reference(&wf.to_f32(), &x, rows, cols, n_tokens);
+            for isa in Isa::available() {
+                let mut got = vec![0f32; n_tokens * rows];
+                let mut f32_out = vec![0f32; n_tokens * rows];
+                matmul_with(isa, &x, n_tokens, &exact, &mut got);
+                matmul_with(isa, &x, n_tokens, &wf, &mut f32_out);
+                for i in 0..got.len() {
+                    let err = (got[i] as f64 - want[i]).abs();
+                    assert!(
+                        err <= 1e-6 * mag[i] + 1e-30,
+                        "{ty} {isa:?}: {err} vs {}",
+                        mag[i]
+                    );
+                    let diff = (got[i] - f32_out[i]).abs() as f64;
+                    assert!(
+                        diff <= 2e-6 * mag[i] + 1e-30,
+                        "{ty} {isa:?}: f32 matrix {diff}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn simd_equals_scalar() {
     let levels = Isa::available();
     if levels.len() < 2 {
@@ -228,11 +266,14 @@ fn batch_is_each_job_alone_bit_for_bit() {
         GgmlType::Q4_K,
     ];
     let rows = [33, 16, 128, 7, 300, 64, 1];
-    let ws: Vec<QMatrix> = types
+    let mut ws: Vec<QMatrix> = types
         .iter()
         .zip(rows)
         .map(|(&ty, r)| random_matrix(ty, r, cols, &mut rng))
         .collect();
+    // Job 2 against f32 activations, sharing x with job 0 in the first case (no conversion
+    // of its own).
+    ws[2] = ws[2].clone().with_f32_activations();
     for n_tok in [[1usize; 7], [3, 3, 5, 0, 70, 3, 1]] {
         let xs: Vec<Vec<f32>> = n_tok.iter().map(|&n| rng.vec(n * cols, 1.0)).collect();
         // Jobs 0, 1 and 5 share x[0] where their token counts agree.

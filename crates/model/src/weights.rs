@@ -3,10 +3,16 @@
 //! Invariants: every matrix is [out_features, in_features] in its stored ggml type; norms and
 //! router weights are f32. `kv_b` arrives either as legacy `attn_kv_b` ([N*(P+V), L], per head
 //! `[K_nope rows | V rows]`) or split `attn_k_b` ([N, L, P], i.e. K transposed) + `attn_v_b`
-//! ([N, V, L]); both become the same per-head f32 matrices:
+//! ([N, V, L]); both become the same per-head matrices:
 //! - `w_uk`  [N*P, L]: k_nope_h = w_uk_h · kv_c           (unabsorbed path)
 //! - `w_uk_t`[N*L, P]: q_lat_h  = w_uk_t_h · q_nope_h     (absorbed path, "W_UK")
 //! - `w_uv`  [N*V, L]: v_h = w_uv_h · kv_c, out_h = w_uv_h · o_lat ("W_UV", both paths)
+//!
+//! `w_uk` is f32 (a transpose of the stored rows); `w_uk_t` and `w_uv` keep the stored type
+//! wherever they are rows of a stored tensor (legacy `w_uk_t` is a transpose: f32), so decode
+//! reads the file's bytes, not 4-byte floats, and multiply as their exact dequantized values
+//! against unrounded activations (llama.cpp rounds those to Q8_0: the absorbed path would no
+//! longer be the unabsorbed one's check).
 //!
 //! MTP/nextn layers (index >= num_layers) are never read.
 //!
@@ -220,7 +226,11 @@ fn mlp(
 }
 
 /// Per-head absorbed matrices of heads `heads` from either kv_b layout (only their rows are
-/// read).
+/// read). `w_uk_t` and `w_uv` are rows of the stored tensors where the layout has them as rows
+/// (split `attn_k_b`/`attn_v_b`: both; legacy `attn_kv_b`: `w_uv`), kept in the file's type
+/// and multiplied as their exact values against f32 activations
+/// ([`QMatrix::with_f32_activations`]), so the absorbed path computes what the unabsorbed
+/// one does; the transposes (`w_uk`, legacy `w_uk_t`) are f32.
 fn kv_b(
     src: &Loader,
     cfg: &ModelConfig,
@@ -234,55 +244,68 @@ fn kv_b(
         cfg.kv_lora_rank,
     );
     let (h0, n) = (heads.start, heads.len());
-    let mut w_uk = vec![0f32; n * p * l];
-    let mut w_uv = vec![0f32; n * v * l];
     let legacy = format!("blk.{i}.attn_kv_b.weight");
+    // w_uk [N*P, L] from w_uk_t [N*L, P], per head a transpose.
+    let transpose = |w_uk_t: &[f32]| {
+        let mut w_uk = vec![0f32; n * p * l];
+        for h in 0..n {
+            for li in 0..l {
+                for pi in 0..p {
+                    w_uk[(h * p + pi) * l + li] = w_uk_t[(h * l + li) * p + pi];
+                }
+            }
+        }
+        w_uk
+    };
     if src.has(&legacy) {
         // [N*(P+V), L], per head [K_nope (P rows) | V (V rows)].
-        let kvb = src.src.f32_rows(
+        let kvb = src.src.rows(
             &legacy,
             &[n_all * (p + v), l],
             h0 * (p + v)..(h0 + n) * (p + v),
         )?;
+        let rb = kvb.row_bytes();
+        let mut uv = Vec::with_capacity(n * v * rb);
+        let mut w_uk = Vec::with_capacity(n * p * l);
         for h in 0..n {
-            let base = h * (p + v) * l;
-            w_uk[h * p * l..(h + 1) * p * l].copy_from_slice(&kvb[base..base + p * l]);
-            w_uv[h * v * l..(h + 1) * v * l]
-                .copy_from_slice(&kvb[base + p * l..base + (p + v) * l]);
+            let base = h * (p + v);
+            w_uk.extend(kvb.rows_slice(base, p).to_f32());
+            uv.extend_from_slice(&kvb.data()[(base + p) * rb..(base + p + v) * rb]);
         }
+        let mut w_uk_t = vec![0f32; n * l * p];
+        for h in 0..n {
+            for pi in 0..p {
+                for li in 0..l {
+                    w_uk_t[(h * l + li) * p + pi] = w_uk[(h * p + pi) * l + li];
+                }
+            }
+        }
+        let w_uv = QMatrix::new(kvb.ty, n * v, l, uv.into())
+            .map_err(|e| src.src.tensor_err(&legacy, e.to_string()))?;
+        Ok((
+            QMatrix::from_f32(n * p, l, w_uk),
+            QMatrix::from_f32(n * l, p, w_uk_t),
+            src.fix(w_uv).with_f32_activations(),
+        ))
     } else {
-        // attn_k_b [N, L, P]: k_b[h, l, p] = W_UK_h[p, l]. attn_v_b [N, V, L] = W_UV_h.
-        let kb = src.src.f32_rows(
+        // attn_k_b [N, L, P]: k_b[h, l, p] = W_UK_h[p, l], i.e. w_uk_t's rows. attn_v_b
+        // [N, V, L] = W_UV_h.
+        let w_uk_t = src.src.rows(
             &format!("blk.{i}.attn_k_b.weight"),
             &[n_all, l, p],
             h0 * l..(h0 + n) * l,
         )?;
-        for h in 0..n {
-            for li in 0..l {
-                for pi in 0..p {
-                    w_uk[(h * p + pi) * l + li] = kb[(h * l + li) * p + pi];
-                }
-            }
-        }
-        w_uv = src.src.f32_rows(
+        let w_uv = src.src.rows(
             &format!("blk.{i}.attn_v_b.weight"),
             &[n_all, v, l],
             h0 * v..(h0 + n) * v,
         )?;
+        Ok((
+            QMatrix::from_f32(n * p, l, transpose(&w_uk_t.to_f32())),
+            src.fix(w_uk_t).with_f32_activations(),
+            src.fix(w_uv).with_f32_activations(),
+        ))
     }
-    let mut w_uk_t = vec![0f32; n * l * p];
-    for h in 0..n {
-        for pi in 0..p {
-            for li in 0..l {
-                w_uk_t[(h * l + li) * p + pi] = w_uk[(h * p + pi) * l + li];
-            }
-        }
-    }
-    Ok((
-        QMatrix::from_f32(n * p, l, w_uk),
-        QMatrix::from_f32(n * l, p, w_uk_t),
-        QMatrix::from_f32(n * v, l, w_uv),
-    ))
 }
 
 impl Weights {

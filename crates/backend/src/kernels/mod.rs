@@ -84,6 +84,29 @@ scalar_row_kernels! {
     MXFP4 => rows_mxfp4 = scalar::vec_dot_mxfp4_q8_0,
 }
 
+/// Dequantize the whole blocks of `src` (type `ty`) into `out` (`out.len()` a multiple of the
+/// block size) at level `isa`: the same f32 values at every level.
+///
+/// The caller guarantees that `isa` is supported by the running CPU.
+pub(crate) fn dequantize_with(isa: Isa, ty: GgmlType, src: &[u8], out: &mut [f32]) {
+    let nb = out.len() / ty.block_size();
+    assert!(
+        src.len() >= nb * ty.type_size(),
+        "dequantize: source too short"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar {
+        // SAFETY: every level above Scalar has AVX2/FMA/F16C (the caller's guarantee); the
+        // source holds the blocks (checked above).
+        if unsafe { avx2::dequantize(ty, src, out) } {
+            return;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = isa;
+    crate::dequant::dequantize_row_unchecked(ty, &src[..nb * ty.type_size()], out);
+}
+
 /// The row kernel for weight type `ty` at level `isa`, or `None` if `ty` is unsupported.
 ///
 /// The caller guarantees that `isa` is supported by the running CPU (see [`Isa::available`]).
@@ -124,4 +147,45 @@ pub(crate) fn row_kernel(ty: GgmlType, isa: Isa) -> Option<RowKernel> {
     }
     let _ = isa;
     scalar_row_kernel(ty)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::QMatrix;
+
+    #[test]
+    fn dequantize_is_the_same_values_at_every_level() {
+        use GgmlType::*;
+        let (rows, cols) = (7, 1024);
+        let x: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919 % 2003) as f32 - 1001.0) * 1.3e-3 * (1 + i % 5) as f32)
+            .collect();
+        for ty in [F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K, Q5_K, IQ4_NL] {
+            let m = QMatrix::quantize_from_f32(ty, rows, cols, &x).unwrap();
+            let want = m.to_f32();
+            for isa in Isa::available() {
+                let mut got = vec![f32::NAN; rows * cols];
+                for r in 0..rows {
+                    // Whole row, and a chunk starting past the first block.
+                    dequantize_with(isa, ty, m.row(r), &mut got[r * cols..(r + 1) * cols]);
+                }
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{ty} at {isa:?}");
+                let (bs, ts) = (ty.block_size(), ty.type_size());
+                let k0 = if bs == 1 { 9 } else { bs };
+                let mut part = vec![0f32; cols - k0 - bs.max(8)];
+                let n = part.len() / bs * bs;
+                dequantize_with(isa, ty, &m.row(2)[k0 / bs * ts..], &mut part[..n]);
+                assert_eq!(
+                    &part[..n],
+                    &want[2 * cols + k0..2 * cols + k0 + n],
+                    "{ty} chunk"
+                );
+            }
+        }
+    }
 }

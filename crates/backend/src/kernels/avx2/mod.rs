@@ -11,6 +11,8 @@
 #[cfg(target_arch = "x86_64")]
 mod act;
 #[cfg(target_arch = "x86_64")]
+mod deq;
+#[cfg(target_arch = "x86_64")]
 mod float;
 #[cfg(target_arch = "x86_64")]
 mod kquant;
@@ -22,6 +24,7 @@ mod q8;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use {
     act::{q8_0_row as q8_0_act_row, q8_k_row as q8_k_act_row},
+    deq::dequantize,
     float::*,
     kquant::*,
     kquant_low::*,

@@ -89,7 +89,7 @@ unsafe fn q8_family_nt<const NT: usize, const KIND: u8>(
 
 /// 0xFF in byte `i` where bit `i` of the little-endian u32 at `p` is set, else 0.
 #[inline(always)]
-unsafe fn bits_32(p: *const u8) -> __m256i {
+pub(crate) unsafe fn bits_32(p: *const u8) -> __m256i {
     let x32 = (p as *const i32).read_unaligned();
     let shuf = _mm256_set_epi64x(
         0x0303_0303_0303_0303,

@@ -105,7 +105,10 @@ unsafe fn k4_nt<const NT: usize, const HIGH: bool>(
     }
     for t in 0..NT {
         let v = acc[t];
-        let s = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v));
+        // The upper 8 lanes through the f64 view: `extractf32x8` is AVX-512DQ, which this
+        // function does not enable (it was an out-of-line call a row).
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+        let s = _mm256_add_ps(_mm512_castps512_ps256(v), hi);
         *out.add(t) = hsum_ps(s) - hsum_ps128(accm[t]);
     }
 }

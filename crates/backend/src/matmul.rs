@@ -14,7 +14,7 @@
 
 use crate::act::{quantize_act_row_with, ActType};
 use crate::isa::Isa;
-use crate::kernels::{dequantize_with, row_kernel};
+use crate::kernels::{dequantize_with, f32_act_row_kernel, row_kernel};
 use crate::qmatrix::QMatrix;
 use mlaserve_gguf::GgmlType;
 use rayon::prelude::*;
@@ -229,10 +229,24 @@ struct Plan<'a> {
 impl<'a> Plan<'a> {
     fn new(isa: Isa, w: &'a QMatrix, n_tokens: usize, acts: &'a [u8], out: *mut f32) -> Self {
         let act = act_type(w);
-        // Dequantized tiles meet the activations through the f32 kernel.
-        let dequant = act == ActType::F32 && w.ty != GgmlType::F32;
-        let kernel_ty = if dequant { GgmlType::F32 } else { w.ty };
-        let Some(kernel) = row_kernel(kernel_ty, isa) else {
+        // Against f32 activations: F16/BF16 kernels widen their weights; for up to `GROUP`
+        // tokens a kernel dequantizing in registers where the level has one; otherwise each
+        // chunk of a tile's rows is dequantized once and meets the tokens through the f32
+        // kernel.
+        let (dequant, kernel) = if w.has_f32_activations() {
+            let direct = if n_tokens <= GROUP || matches!(w.ty, GgmlType::F16 | GgmlType::BF16) {
+                f32_act_row_kernel(w.ty, isa)
+            } else {
+                None
+            };
+            match direct {
+                Some(k) => (false, Some(k)),
+                None => (w.ty != GgmlType::F32, row_kernel(GgmlType::F32, isa)),
+            }
+        } else {
+            (false, row_kernel(w.ty, isa))
+        };
+        let Some(kernel) = kernel else {
             unreachable!("QMatrix invariant: {} is supported", w.ty);
         };
         let token_block = if n_tokens <= GROUP {

@@ -84,6 +84,31 @@ scalar_row_kernels! {
     MXFP4 => rows_mxfp4 = scalar::vec_dot_mxfp4_q8_0,
 }
 
+/// A row kernel for weight type `ty` against unrounded f32 activation rows (the layout of
+/// [`crate::ActType::F32`]), or `None` where `ty` has none at level `isa` (then the caller
+/// dequantizes and uses the F32 kernel). F16 and BF16 weights always have one: their kernels
+/// widen the weights and take f32 rows.
+///
+/// The caller guarantees that `isa` is supported by the running CPU.
+pub(crate) fn f32_act_row_kernel(ty: GgmlType, isa: Isa) -> Option<RowKernel> {
+    use GgmlType::*;
+    if matches!(ty, F32 | F16 | BF16) {
+        return row_kernel(ty, isa);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar {
+        return match ty {
+            Q8_0 => Some(avx2::q8_0_exact_rows),
+            Q4_0 => Some(avx2::q4_0_exact_rows),
+            Q5_0 => Some(avx2::q5_0_exact_rows),
+            Q4_K => Some(avx2::q4_k_exact_rows),
+            _ => None,
+        };
+    }
+    let _ = isa;
+    None
+}
+
 /// Dequantize the whole blocks of `src` (type `ty`) into `out` (`out.len()` a multiple of the
 /// block size) at level `isa`: the same f32 values at every level.
 ///

@@ -13,6 +13,8 @@ mod act;
 #[cfg(target_arch = "x86_64")]
 mod deq;
 #[cfg(target_arch = "x86_64")]
+mod exact;
+#[cfg(target_arch = "x86_64")]
 mod float;
 #[cfg(target_arch = "x86_64")]
 mod kquant;
@@ -25,6 +27,7 @@ mod q8;
 pub(crate) use {
     act::{q8_0_row as q8_0_act_row, q8_k_row as q8_k_act_row},
     deq::dequantize,
+    exact::{q4_0_exact_rows, q4_k_exact_rows, q5_0_exact_rows, q8_0_exact_rows},
     float::*,
     kquant::*,
     kquant_low::*,

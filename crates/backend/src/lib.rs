@@ -39,5 +39,5 @@ pub use error::BackendError;
 pub use isa::Isa;
 pub use matmul::{matmul, matmul_batch, matmul_batch_with, matmul_with, MatmulJob};
 pub use mlaserve_gguf::GgmlType;
-pub use ops::{axpy, dot_f32, rms_norm, silu_mul, softmax_inplace};
+pub use ops::{axpy, axpy_rows, dot_f32, rms_norm, silu_mul, softmax_inplace};
 pub use qmatrix::QMatrix;

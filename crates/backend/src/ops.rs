@@ -88,6 +88,38 @@ pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     }
 }
 
+/// Several [`axpy`] sequences sharing their x rows: `ys` holds `a.len()` (at most 4) rows of
+/// `d`, and row b becomes `Σ_{j < a[b].len()} a[b][j] · x_j`, `x_j = x[off + j·stride..][..d]`,
+/// computed bit for bit as `a[b].len()` successive `axpy(row b, a[b][j], x_j)` calls on a
+/// zeroed row. Each x row is loaded once for all rows (attention's value sums of a block of
+/// queries).
+///
+/// # Panics
+/// If more than 4 rows are asked for, `ys` is not `a.len() * d` long, or an x row needed lies
+/// outside `x`.
+pub fn axpy_rows(ys: &mut [f32], d: usize, a: &[&[f32]], x: &[f32], off: usize, stride: usize) {
+    assert!(a.len() <= 4, "axpy_rows: {} rows, at most 4", a.len());
+    assert_eq!(ys.len(), a.len() * d, "axpy_rows: output length");
+    let n = a.iter().map(|r| r.len()).max().unwrap_or(0);
+    if n > 0 {
+        assert!(
+            off + (n - 1) * stride + d <= x.len(),
+            "axpy_rows: x rows outside x"
+        );
+    }
+    ys.fill(0.0);
+    #[cfg(target_arch = "x86_64")]
+    if crate::Isa::Avx2.is_available() {
+        // SAFETY: AVX2 and FMA were detected at run time; the x rows lie inside x (checked).
+        return unsafe { simd::axpy_rows(ys, d, a, x, off, stride) };
+    }
+    for (b, ab) in a.iter().enumerate() {
+        for (j, &w) in ab.iter().enumerate() {
+            axpy(&mut ys[b * d..(b + 1) * d], w, &x[off + j * stride..][..d]);
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use crate::kernels::avx2::util::hsum_ps;
@@ -121,6 +153,58 @@ mod simd {
             sum += a[j] * b[j];
         }
         sum
+    }
+
+    /// See [`super::axpy_rows`]: each 16-lane slice of the rows accumulates over every j in
+    /// registers, by the same FMA per element as `axpy`; the tail past the last multiple of
+    /// 8 by `axpy`'s scalar `y += a * x`.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn axpy_rows(
+        ys: &mut [f32],
+        d: usize,
+        a: &[&[f32]],
+        x: &[f32],
+        off: usize,
+        stride: usize,
+    ) {
+        let n = a.iter().map(|r| r.len()).max().unwrap_or(0);
+        let px = x.as_ptr().add(off);
+        let py = ys.as_mut_ptr();
+        let d8 = d / 8 * 8;
+        let mut s = 0;
+        while s < d8 {
+            // Two 8-lane slices at once where there are two.
+            let two = s + 16 <= d8;
+            let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+            for j in 0..n {
+                let xj = px.add(j * stride + s);
+                let x0 = _mm256_loadu_ps(xj);
+                let x1 = if two { _mm256_loadu_ps(xj.add(8)) } else { x0 };
+                for (b, ab) in a.iter().enumerate() {
+                    if j < ab.len() {
+                        let w = _mm256_set1_ps(*ab.get_unchecked(j));
+                        acc[b][0] = _mm256_fmadd_ps(w, x0, acc[b][0]);
+                        if two {
+                            acc[b][1] = _mm256_fmadd_ps(w, x1, acc[b][1]);
+                        }
+                    }
+                }
+            }
+            for b in 0..a.len() {
+                _mm256_storeu_ps(py.add(b * d + s), acc[b][0]);
+                if two {
+                    _mm256_storeu_ps(py.add(b * d + s + 8), acc[b][1]);
+                }
+            }
+            s += if two { 16 } else { 8 };
+        }
+        for (b, ab) in a.iter().enumerate() {
+            for (j, &w) in ab.iter().enumerate() {
+                for i in d8..d {
+                    *py.add(b * d + i) += w * *px.add(j * stride + i);
+                }
+            }
+        }
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -185,6 +269,39 @@ mod tests {
         assert_eq!(g[0], 0.0);
         assert!((g[1] - 2.0 / (1.0 + (-1f32).exp())).abs() < 1e-6);
         assert!((g[2] - (-2.0 / (1.0 + 2f32.exp()))).abs() < 1e-6);
+    }
+
+    #[test]
+    fn axpy_rows_is_successive_axpys_bit_for_bit() {
+        for d in [1usize, 7, 8, 16, 24, 40, 128, 131] {
+            let (stride, off, n) = (d + 5, 3, 9);
+            let x: Vec<f32> = (0..off + n * stride)
+                .map(|i| (i as f32 * 0.731).sin())
+                .collect();
+            let a_all: Vec<Vec<f32>> = (0..4)
+                .map(|b| {
+                    (0..n)
+                        .map(|j| ((b * 13 + j * 7) as f32 * 0.29).cos())
+                        .collect()
+                })
+                .collect();
+            for lens in [vec![n], vec![3, 4, 5, 6], vec![0, 9, 2], vec![]] {
+                let a: Vec<&[f32]> = lens.iter().zip(&a_all).map(|(&l, r)| &r[..l]).collect();
+                let mut got = vec![f32::NAN; a.len() * d];
+                axpy_rows(&mut got, d, &a, &x, off, stride);
+                for (b, ab) in a.iter().enumerate() {
+                    let mut want = vec![0f32; d];
+                    for (j, &w) in ab.iter().enumerate() {
+                        axpy(&mut want, w, &x[off + j * stride..][..d]);
+                    }
+                    assert_eq!(
+                        &got[b * d..(b + 1) * d],
+                        &want[..],
+                        "d {d} lens {lens:?} row {b}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@
 //! With a DSA indexer, each query attends only to its selected keys (all of them while the
 //! context is <= index_topk).
 
-use super::attention::{attend, merge};
+use super::attention::{attend, attend_causal, merge};
 use super::dsa;
 use super::rope::Rope;
 use crate::config::ModelConfig;
@@ -255,6 +255,9 @@ pub fn forward(
                 kvc[pos * l..(pos + 1) * l].copy_from_slice(&row[..l]);
                 kpe[pos * r..(pos + 1) * r].copy_from_slice(&row[l..]);
             }
+            // A prompt without context whose queries see every earlier key: the blocked
+            // causal kernel (the same arithmetic as `attend`, value loads shared).
+            let causal_prompt = ctx == 0 && selected[a..b].iter().all(|s| s.is_none());
             let mut k_nope = vec![0f32; total * n * p];
             let mut vals = vec![0f32; total * n * v];
             matmul_batch(&mut [
@@ -281,8 +284,22 @@ pub fn forward(
                             &vals[(j * n + hd) * v..(j * n + hd + 1) * v],
                         )
                     };
-                    let mut scores = Vec::new();
                     let mut out = vec![0f32; qlen * v];
+                    if causal_prompt {
+                        attend_causal(
+                            qlen,
+                            |j| (&k_nope[(j * n + hd) * p..][..p], &kpe[j * r..][..r]),
+                            |i| q[(a + i) * n * qk + hd * qk..][..qk].split_at(p),
+                            scale,
+                            &vals,
+                            hd * v,
+                            n * v,
+                            v,
+                            &mut out,
+                        );
+                        return out;
+                    }
+                    let mut scores = Vec::new();
                     let mut part = vec![0f32; v];
                     for i in 0..qlen {
                         let qrow = &q[(a + i) * n * qk + hd * qk..][..qk];

@@ -167,41 +167,83 @@ mod simd {
         off: usize,
         stride: usize,
     ) {
-        let n = a.iter().map(|r| r.len()).max().unwrap_or(0);
+        match a.len() {
+            0 => {}
+            1 => rows_nb::<1>(ys, d, a, x, off, stride),
+            2 => rows_nb::<2>(ys, d, a, x, off, stride),
+            3 => rows_nb::<3>(ys, d, a, x, off, stride),
+            _ => rows_nb::<4>(ys, d, a, x, off, stride),
+        }
+    }
+
+    /// `NB` rows: the accumulators are registers (`NB` x 2 x 8 lanes).
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn rows_nb<const NB: usize>(
+        ys: &mut [f32],
+        d: usize,
+        a: &[&[f32]],
+        x: &[f32],
+        off: usize,
+        stride: usize,
+    ) {
+        let w: [*const f32; NB] = std::array::from_fn(|b| a[b].as_ptr());
+        let len: [usize; NB] = std::array::from_fn(|b| a[b].len());
+        let (lo, hi) = (
+            len.iter().copied().min().unwrap_or(0),
+            len.iter().copied().max().unwrap_or(0),
+        );
         let px = x.as_ptr().add(off);
         let py = ys.as_mut_ptr();
         let d8 = d / 8 * 8;
         let mut s = 0;
-        while s < d8 {
-            // Two 8-lane slices at once where there are two.
-            let two = s + 16 <= d8;
-            let mut acc = [[_mm256_setzero_ps(); 2]; 4];
-            for j in 0..n {
+        while s + 16 <= d8 {
+            let mut acc = [[_mm256_setzero_ps(); 2]; NB];
+            // Keys every row takes, then the rows still going.
+            for j in 0..lo {
                 let xj = px.add(j * stride + s);
-                let x0 = _mm256_loadu_ps(xj);
-                let x1 = if two { _mm256_loadu_ps(xj.add(8)) } else { x0 };
-                for (b, ab) in a.iter().enumerate() {
-                    if j < ab.len() {
-                        let w = _mm256_set1_ps(*ab.get_unchecked(j));
-                        acc[b][0] = _mm256_fmadd_ps(w, x0, acc[b][0]);
-                        if two {
-                            acc[b][1] = _mm256_fmadd_ps(w, x1, acc[b][1]);
-                        }
+                let (x0, x1) = (_mm256_loadu_ps(xj), _mm256_loadu_ps(xj.add(8)));
+                for b in 0..NB {
+                    let wb = _mm256_set1_ps(*w[b].add(j));
+                    acc[b][0] = _mm256_fmadd_ps(wb, x0, acc[b][0]);
+                    acc[b][1] = _mm256_fmadd_ps(wb, x1, acc[b][1]);
+                }
+            }
+            for j in lo..hi {
+                let xj = px.add(j * stride + s);
+                let (x0, x1) = (_mm256_loadu_ps(xj), _mm256_loadu_ps(xj.add(8)));
+                for b in 0..NB {
+                    if j < len[b] {
+                        let wb = _mm256_set1_ps(*w[b].add(j));
+                        acc[b][0] = _mm256_fmadd_ps(wb, x0, acc[b][0]);
+                        acc[b][1] = _mm256_fmadd_ps(wb, x1, acc[b][1]);
                     }
                 }
             }
-            for b in 0..a.len() {
+            for b in 0..NB {
                 _mm256_storeu_ps(py.add(b * d + s), acc[b][0]);
-                if two {
-                    _mm256_storeu_ps(py.add(b * d + s + 8), acc[b][1]);
+                _mm256_storeu_ps(py.add(b * d + s + 8), acc[b][1]);
+            }
+            s += 16;
+        }
+        if s < d8 {
+            // One 8-lane slice left.
+            let mut acc = [_mm256_setzero_ps(); NB];
+            for j in 0..hi {
+                let x0 = _mm256_loadu_ps(px.add(j * stride + s));
+                for b in 0..NB {
+                    if j < len[b] {
+                        acc[b] = _mm256_fmadd_ps(_mm256_set1_ps(*w[b].add(j)), x0, acc[b]);
+                    }
                 }
             }
-            s += if two { 16 } else { 8 };
+            for b in 0..NB {
+                _mm256_storeu_ps(py.add(b * d + s), acc[b]);
+            }
         }
-        for (b, ab) in a.iter().enumerate() {
-            for (j, &w) in ab.iter().enumerate() {
+        for b in 0..NB {
+            for j in 0..len[b] {
                 for i in d8..d {
-                    *py.add(b * d + i) += w * *px.add(j * stride + i);
+                    *py.add(b * d + i) += *w[b].add(j) * *px.add(j * stride + i);
                 }
             }
         }

@@ -346,8 +346,9 @@ impl<'a> Plan<'a> {
         if self.dequant {
             DEQ_SCRATCH.with(|c| c.set(deq));
         }
-        for r in r0..r1 {
-            for t in t0..t1 {
+        // Token-major: a token's outputs of the tile are one contiguous run of `out`.
+        for t in t0..t1 {
+            for r in r0..r1 {
                 // SAFETY: (t, r) lies inside [n_tokens, rows] and belongs to this tile only;
                 // tiles partition the job's output, jobs own disjoint outputs (`&mut`), and
                 // the output outlives the parallel loop.

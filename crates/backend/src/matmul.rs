@@ -304,7 +304,8 @@ impl<'a> Plan<'a> {
         let (r0, r1) = (rt * ROW_TILE, ((rt + 1) * ROW_TILE).min(w.rows));
         // acc[(r - r0) * TB + (t - t0)]
         let mut acc = [[0f32; TB]; ROW_TILE];
-        let mut part = [0f32; GROUP];
+        // The kernel's results of a group: part[(r - r0) * ng + (t - g0)].
+        let mut part = [0f32; ROW_TILE * GROUP];
         // Dequantized chunk of row r: deq[(r - r0) * k_chunk..][..k1 - k0].
         let mut deq = if self.dequant {
             let mut v = DEQ_SCRATCH.with(|c| c.take());
@@ -313,6 +314,7 @@ impl<'a> Plan<'a> {
         } else {
             Vec::new()
         };
+        let nr = r1 - r0;
         let mut k0 = 0;
         while k0 < w.cols {
             let k1 = (k0 + self.k_chunk).min(w.cols);
@@ -325,18 +327,26 @@ impl<'a> Plan<'a> {
                     dequantize_with(self.isa, w.ty, &row[wb0..wb1], dst);
                 }
             }
+            let (wr, rb): (&[u8], usize) = if self.dequant {
+                (bytemuck::cast_slice(&deq[..]), 4 * self.k_chunk)
+            } else {
+                (&self.wdata[r0 * self.row_bytes + wb0..], self.row_bytes)
+            };
             for g0 in (t0..t1).step_by(GROUP) {
                 let ng = GROUP.min(t1 - g0);
                 let a = &self.acts[g0 * self.a_stride + ab0..];
-                for r in r0..r1 {
-                    let wr: &[u8] = if self.dequant {
-                        bytemuck::cast_slice(&deq[(r - r0) * self.k_chunk..][..k1 - k0])
-                    } else {
-                        &self.wdata[r * self.row_bytes + wb0..(r + 1) * self.row_bytes]
-                    };
-                    (self.kernel)(k1 - k0, wr, a, self.a_stride, &mut part[..ng]);
-                    let dst = &mut acc[r - r0][g0 - t0..][..ng];
-                    for (d, p) in dst.iter_mut().zip(&part[..ng]) {
+                (self.kernel)(
+                    k1 - k0,
+                    wr,
+                    rb,
+                    nr,
+                    a,
+                    self.a_stride,
+                    ng,
+                    &mut part[..nr * ng],
+                );
+                for (acc_r, part_r) in acc[..nr].iter_mut().zip(part.chunks_exact(ng)) {
+                    for (d, p) in acc_r[g0 - t0..][..ng].iter_mut().zip(part_r) {
                         *d += *p;
                     }
                 }

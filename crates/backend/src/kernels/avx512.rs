@@ -122,5 +122,19 @@ unsafe fn q5_k_nt<const NT: usize>(nb: usize, w: *const u8, a: *const u8, s: usi
     k4_nt::<NT, true>(nb, w, a, s, o)
 }
 
-row_kernel!(q4_k_rows, q4_k_nt, 256, 144, Q8K_BYTES);
-row_kernel!(q5_k_rows, q5_k_nt, 256, 176, Q8K_BYTES);
+row_kernel!(
+    q4_k_rows,
+    q4_k_nt,
+    256,
+    144,
+    Q8K_BYTES,
+    "avx512f,avx512bw,avx2,fma,f16c"
+);
+row_kernel!(
+    q5_k_rows,
+    q5_k_nt,
+    256,
+    176,
+    Q8K_BYTES,
+    "avx512f,avx512bw,avx2,fma,f16c"
+);

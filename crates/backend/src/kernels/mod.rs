@@ -1,8 +1,8 @@
 //! Dot-product kernels and their dispatch.
 //!
-//! A *row kernel* computes `out[t] = Σ_c W[row, c] · A[t, c]` for one weight row (bytes of its
-//! ggml blocks) and `out.len()` activation rows laid `stride` bytes apart, each already in the
-//! weight's [`ActType`](crate::ActType). [`row_kernel`] picks the implementation for a weight
+//! A *row kernel* computes `out[r, t] = Σ_c W[r, c] · A[t, c]` for a few weight rows (bytes of
+//! their ggml blocks, `row_bytes` apart) and a few activation rows laid `stride` bytes apart,
+//! each already in the weight's [`ActType`](crate::ActType) (see [`RowKernel`]). [`row_kernel`] picks the implementation for a weight
 //! type and an instruction-set level: the AVX2 kernels where they exist, else the scalar
 //! vec_dot of [`scalar`] applied token by token.
 
@@ -14,8 +14,10 @@ pub mod scalar;
 use crate::isa::Isa;
 use mlaserve_gguf::GgmlType;
 
-/// `fn(n_cols, weight_row, act_rows, act_stride, out)`; see the module docs.
-pub(crate) type RowKernel = fn(usize, &[u8], &[u8], usize, &mut [f32]);
+/// `fn(n_cols, weight_rows, row_bytes, n_rows, act_rows, act_stride, n_tokens, out)`:
+/// `out[r * n_tokens + t] = Σ_c W[r, c] · A[t, c]` over `n_cols` columns, weight row r at byte
+/// `r * row_bytes` of `weight_rows`, activation row t at byte `t * act_stride`.
+pub(crate) type RowKernel = fn(usize, &[u8], usize, usize, &[u8], usize, usize, &mut [f32]);
 
 /// A scalar vec_dot: `fn(n_cols, weight_row, act_row) -> dot`.
 pub type VecDot = fn(usize, &[u8], &[u8]) -> f32;
@@ -45,13 +47,25 @@ pub fn scalar_vec_dot(ty: GgmlType) -> Option<VecDot> {
     })
 }
 
-/// Scalar row kernels: a vec_dot applied to each activation row in turn.
+/// Scalar row kernels: a vec_dot applied to each (weight row, activation row) in turn.
 macro_rules! scalar_row_kernels {
     ($($ty:ident => $name:ident = $f:path),* $(,)?) => {
         $(
-            fn $name(n: usize, w: &[u8], a: &[u8], stride: usize, out: &mut [f32]) {
-                for (t, o) in out.iter_mut().enumerate() {
-                    *o = $f(n, w, &a[t * stride..]);
+            #[allow(clippy::too_many_arguments)]
+            fn $name(
+                n: usize,
+                w: &[u8],
+                row_bytes: usize,
+                rows: usize,
+                a: &[u8],
+                stride: usize,
+                nt: usize,
+                out: &mut [f32],
+            ) {
+                for r in 0..rows {
+                    for t in 0..nt {
+                        out[r * nt + t] = $f(n, &w[r * row_bytes..], &a[t * stride..]);
+                    }
                 }
             }
         )*

@@ -107,51 +107,90 @@ pub(crate) mod util {
     }
 }
 
-/// Wrap `$inner::<NT>(nb, w, a, stride, out)` as a safe row kernel that checks the slice
-/// sizes and walks the tokens in groups of 4, then 2, then 1.
+/// Wrap `$inner::<NT>(nb, w, a, stride, out)` as a safe row kernel (see
+/// [`crate::kernels::RowKernel`]) that checks the slice sizes once, then walks the rows and,
+/// for each, the tokens in groups of 4, then 2, then 1 — all inside one function compiled
+/// with the kernel's target features (`$feat`, AVX2 + FMA + F16C unless given), so the
+/// per-row calls cost no checks and can be inlined.
 macro_rules! row_kernel {
     ($name:ident, $inner:ident, $block:expr, $w_bytes:expr, $a_bytes:expr) => {
-        /// Row kernel (see the module docs): `out[t] = w · a[t]`.
-        pub(crate) fn $name(n: usize, w: &[u8], a: &[u8], stride: usize, out: &mut [f32]) {
+        $crate::kernels::avx2::row_kernel!(
+            $name,
+            $inner,
+            $block,
+            $w_bytes,
+            $a_bytes,
+            "avx2,fma,f16c"
+        );
+    };
+    ($name:ident, $inner:ident, $block:expr, $w_bytes:expr, $a_bytes:expr, $feat:literal) => {
+        /// Row kernel: `out[r * nt + t] = w_r · a_t` for `rows` weight rows `row_bytes` apart
+        /// and `nt` activation rows `stride` apart.
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) fn $name(
+            n: usize,
+            w: &[u8],
+            row_bytes: usize,
+            rows: usize,
+            a: &[u8],
+            stride: usize,
+            nt: usize,
+            out: &mut [f32],
+        ) {
             let nb = n / $block;
-            let nt = out.len();
-            assert!(w.len() >= nb * $w_bytes, "weight row too short");
+            if rows == 0 || nt == 0 {
+                return;
+            }
             assert!(
-                nt == 0 || a.len() >= (nt - 1) * stride + nb * $a_bytes,
+                w.len() >= (rows - 1) * row_bytes + nb * $w_bytes,
+                "weight rows too short"
+            );
+            assert!(
+                a.len() >= (nt - 1) * stride + nb * $a_bytes,
                 "activation rows too short"
             );
-            let mut t = 0;
-            // SAFETY: sizes checked above; AVX2/FMA/F16C presence is the module invariant.
+            assert!(out.len() >= rows * nt, "output too short");
+
+            #[allow(clippy::too_many_arguments)]
+            #[target_feature(enable = $feat)]
+            unsafe fn each_row(
+                nb: usize,
+                w: *const u8,
+                row_bytes: usize,
+                rows: usize,
+                a: *const u8,
+                stride: usize,
+                nt: usize,
+                out: *mut f32,
+            ) {
+                for r in 0..rows {
+                    let (w, out) = (w.add(r * row_bytes), out.add(r * nt));
+                    let mut t = 0;
+                    while t + 4 <= nt {
+                        $inner::<4>(nb, w, a.add(t * stride), stride, out.add(t));
+                        t += 4;
+                    }
+                    if t + 2 <= nt {
+                        $inner::<2>(nb, w, a.add(t * stride), stride, out.add(t));
+                        t += 2;
+                    }
+                    if t < nt {
+                        $inner::<1>(nb, w, a.add(t * stride), stride, out.add(t));
+                    }
+                }
+            }
+            // SAFETY: sizes checked above; the target features are the module invariant.
             unsafe {
-                while t + 4 <= nt {
-                    $inner::<4>(
-                        nb,
-                        w.as_ptr(),
-                        a.as_ptr().add(t * stride),
-                        stride,
-                        out.as_mut_ptr().add(t),
-                    );
-                    t += 4;
-                }
-                if t + 2 <= nt {
-                    $inner::<2>(
-                        nb,
-                        w.as_ptr(),
-                        a.as_ptr().add(t * stride),
-                        stride,
-                        out.as_mut_ptr().add(t),
-                    );
-                    t += 2;
-                }
-                if t < nt {
-                    $inner::<1>(
-                        nb,
-                        w.as_ptr(),
-                        a.as_ptr().add(t * stride),
-                        stride,
-                        out.as_mut_ptr().add(t),
-                    );
-                }
+                each_row(
+                    nb,
+                    w.as_ptr(),
+                    row_bytes,
+                    rows,
+                    a.as_ptr(),
+                    stride,
+                    nt,
+                    out.as_mut_ptr(),
+                )
             }
         }
     };

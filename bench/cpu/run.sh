@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# CPU benchmark: mlaserve bench vs llama.cpp llama-bench on the same GGUF files, alternating
-# engines per quant type so both see the same machine load. Raw JSON + load averages go to
-# bench/cpu/raw/.
+# CPU benchmark: mlaserve bench against llama.cpp's llama-bench on the same GGUF files, in
+# interleaved rounds (every engine once per quant type per round) so all see the same machine
+# load. Raw JSON and load averages go to $OUT/r<round>/; summarize.py takes medians over rounds.
 #
-#   bench/cpu/run.sh [REPS] [QUANTS...]      e.g. bench/cpu/run.sh 5 Q8_0 Q4_K_M
+#   bench/cpu/run.sh [ROUNDS] [QUANTS...]      e.g. bench/cpu/run.sh 3 Q8_0 Q4_K_M BF16
 #
 # Env: MODELS (default /work/bench-models/dsv2-1b), LLAMA_BENCH, MLASERVE, THREADS (default 2),
-#      LLAMA_EXTRA (default "--repack 0": with the CPU repack buffer type this llama.cpp build aborts
-#      on this model with GGML_ASSERT(*cur_backend_id != -1) in ggml-backend.cpp:1294).
+#      REPS (reps per call, default 3), OUT (default bench/cpu/raw),
+#      BASELINE (optional: a second mlaserve binary, e.g. an older commit's build, run as
+#      "baseline"), LLAMA_REPACK0=1 (also run llama.cpp with --repack 0: its non-interleaved
+#      kernels).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -16,8 +18,8 @@ MODELS="${MODELS:-/work/bench-models/dsv2-1b}"
 LLAMA_BENCH="${LLAMA_BENCH:-/work/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/llama-bench}"
 MLASERVE="${MLASERVE:-$REPO/target/release/mlaserve}"
 THREADS="${THREADS:-2}"
-LLAMA_EXTRA="${LLAMA_EXTRA---repack 0}"
-REPS="${1:-5}"
+REPS="${REPS:-3}"
+ROUNDS="${1:-3}"
 shift || true
 QUANTS=("${@:-Q8_0 Q4_K_M}")
 # shellcheck disable=SC2206
@@ -27,12 +29,24 @@ mkdir -p "$OUT"
 
 log_load() { echo "$(date -u +%FT%TZ) $1 $(uptime | sed 's/.*load average/load average/')" | tee -a "$OUT/load.log"; }
 
-for q in "${QUANTS[@]}"; do
-  m="$MODELS/bench-$q.gguf"
-  [[ -f "$m" ]] || { echo "missing $m" >&2; exit 1; }
-  log_load "before llama.cpp $q"
-  "$LLAMA_BENCH" -m "$m" -t "$THREADS" -p 512 -n 128 -r "$REPS" $LLAMA_EXTRA -o json >"$OUT/llamacpp-$q.json" 2>"$OUT/llamacpp-$q.stderr"
-  log_load "before mlaserve $q"
-  RAYON_NUM_THREADS="$THREADS" "$MLASERVE" bench --model "$m" -p 512 -n 128 -r "$REPS" --json >"$OUT/mlaserve-$q.json" 2>"$OUT/mlaserve-$q.stderr"
-  log_load "after $q"
+for ((r = 1; r <= ROUNDS; r++)); do
+  d="$OUT/r$r"
+  mkdir -p "$d"
+  for q in "${QUANTS[@]}"; do
+    m="$MODELS/bench-$q.gguf"
+    [[ -f "$m" ]] || { echo "missing $m" >&2; exit 1; }
+    log_load "round $r llama.cpp $q"
+    "$LLAMA_BENCH" -m "$m" -t "$THREADS" -p 512 -n 128 -r "$REPS" -o json >"$d/llamacpp-$q.json" 2>"$d/llamacpp-$q.stderr"
+    if [[ "${LLAMA_REPACK0:-0}" == 1 ]]; then
+      log_load "round $r llama.cpp --repack 0 $q"
+      "$LLAMA_BENCH" -m "$m" -t "$THREADS" -p 512 -n 128 -r "$REPS" --repack 0 -o json >"$d/llamacpp_norepack-$q.json" 2>"$d/llamacpp_norepack-$q.stderr"
+    fi
+    log_load "round $r mlaserve $q"
+    RAYON_NUM_THREADS="$THREADS" "$MLASERVE" bench --model "$m" -p 512 -n 128 -r "$REPS" --json >"$d/mlaserve-$q.json" 2>"$d/mlaserve-$q.stderr"
+    if [[ -n "${BASELINE:-}" ]]; then
+      log_load "round $r baseline $q"
+      RAYON_NUM_THREADS="$THREADS" "$BASELINE" bench --model "$m" -p 512 -n 128 -r "$REPS" --json >"$d/baseline-$q.json" 2>"$d/baseline-$q.stderr"
+    fi
+  done
 done
+log_load "done"

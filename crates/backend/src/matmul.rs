@@ -14,7 +14,7 @@
 
 use crate::act::{quantize_act_row_with, ActType};
 use crate::isa::Isa;
-use crate::kernels::{dequantize_with, f32_act_row_kernel, row_kernel};
+use crate::kernels::{dequantize_with, dequantized_tile_kernel, f32_act_row_kernel, row_kernel};
 use crate::qmatrix::QMatrix;
 use mlaserve_gguf::GgmlType;
 use rayon::prelude::*;
@@ -241,7 +241,8 @@ impl<'a> Plan<'a> {
             };
             match direct {
                 Some(k) => (false, Some(k)),
-                None => (w.ty != GgmlType::F32, row_kernel(GgmlType::F32, isa)),
+                None if w.ty == GgmlType::F32 => (false, row_kernel(GgmlType::F32, isa)),
+                None => (true, Some(dequantized_tile_kernel(isa))),
             }
         } else {
             (false, row_kernel(w.ty, isa))

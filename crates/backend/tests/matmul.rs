@@ -193,6 +193,39 @@ fn f32_activations_multiply_the_dequantized_values() {
 }
 
 #[test]
+fn f32_activations_do_not_depend_on_the_batch() {
+    // ≤ 4 tokens take the register-dequantizing kernels, more a dequantized tile and the f32
+    // kernel: a token's outputs must be the same bits either way.
+    let mut rng = Rng::new(13);
+    for ty in [
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q5_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::F32,
+    ] {
+        let (rows, cols) = (19, 2304);
+        let w = random_matrix(ty, rows, cols, &mut rng).with_f32_activations();
+        let x = rng.vec(70 * cols, 1.5);
+        for isa in Isa::available() {
+            let mut alone = vec![0f32; 70 * rows];
+            for t in 0..70 {
+                let o = &mut alone[t * rows..(t + 1) * rows];
+                matmul_with(isa, &x[t * cols..(t + 1) * cols], 1, &w, o);
+            }
+            for n in [3, 5, 9, 70] {
+                let mut got = vec![0f32; n * rows];
+                matmul_with(isa, &x[..n * cols], n, &w, &mut got);
+                assert_eq!(got, alone[..n * rows], "{ty} {isa:?} batch of {n}");
+            }
+        }
+    }
+}
+
+#[test]
 fn simd_equals_scalar() {
     let levels = Isa::available();
     if levels.len() < 2 {

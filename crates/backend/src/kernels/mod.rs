@@ -110,7 +110,7 @@ pub(crate) fn f32_act_row_kernel(ty: GgmlType, isa: Isa) -> Option<RowKernel> {
         return row_kernel(ty, isa);
     }
     #[cfg(target_arch = "x86_64")]
-    if isa != Isa::Scalar {
+    if isa != Isa::Scalar && isa.is_available() {
         return match ty {
             Q8_0 => Some(avx2::q8_0_exact_rows),
             Q4_0 => Some(avx2::q4_0_exact_rows),
@@ -121,6 +121,20 @@ pub(crate) fn f32_act_row_kernel(ty: GgmlType, isa: Isa) -> Option<RowKernel> {
     }
     let _ = isa;
     None
+}
+
+/// The F32 row kernel for dequantized tiles at level `isa`: one row at a time, adding in the
+/// order of the register-dequantizing kernels of [`f32_act_row_kernel`] (so a token's result
+/// does not depend on how many tokens share its call).
+///
+/// The caller guarantees that `isa` is supported by the running CPU.
+pub(crate) fn dequantized_tile_kernel(isa: Isa) -> RowKernel {
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Scalar && isa.is_available() {
+        return avx2::f32_rows_single;
+    }
+    let _ = isa;
+    scalar_row_kernel(GgmlType::F32).expect("F32 has a scalar kernel")
 }
 
 /// Dequantize the whole blocks of `src` (type `ty`) into `out` (`out.len()` a multiple of the
@@ -134,9 +148,9 @@ pub(crate) fn dequantize_with(isa: Isa, ty: GgmlType, src: &[u8], out: &mut [f32
         "dequantize: source too short"
     );
     #[cfg(target_arch = "x86_64")]
-    if isa != Isa::Scalar {
-        // SAFETY: every level above Scalar has AVX2/FMA/F16C (the caller's guarantee); the
-        // source holds the blocks (checked above).
+    if isa != Isa::Scalar && isa.is_available() {
+        // SAFETY: every level above Scalar has AVX2/FMA/F16C (checked); the source holds the
+        // blocks (checked above).
         if unsafe { avx2::dequantize(ty, src, out) } {
             return;
         }

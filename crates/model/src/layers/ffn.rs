@@ -19,6 +19,11 @@ use crate::probe::{probe, PathTag};
 use crate::weights::{Mlp, Moe};
 use mlaserve_backend::{matmul, matmul_batch, silu_mul, MatmulJob};
 
+/// (token, expert) rows a MoE layer gathers and multiplies at once (see [`moe_forward`]):
+/// 4,096 rows of DeepSeek-V3's widths (H 7,168, F 2,048) hold ~0.2 GB of gathered inputs and
+/// intermediates; a decode step or a short prompt is one group.
+const MOE_GROUP_ROWS: usize = 4096;
+
 /// SwiGLU over x [T, H] -> [T, H].
 pub fn mlp_forward(m: &Mlp, x: &[f32], t: usize) -> Vec<f32> {
     let f = m.gate.rows;
@@ -105,10 +110,24 @@ pub fn route(cfg: &MoeConfig, logits: &[f32], bias: Option<&[f32]>) -> (Vec<usiz
 
 /// MoE over x [T, H] -> [T, H].
 ///
-/// Three grouped products (see [`matmul_batch`]): the router with the shared experts'
-/// gate/up, every routed expert's gate/up over its tokens, then every down. The outputs are
-/// added as one expert after another, in expert order, then the shared experts.
+/// Grouped products (see [`matmul_batch`]): the router with the shared experts' gate/up,
+/// then per group of routed experts (at most `MOE_GROUP_ROWS` token rows) their gate/up
+/// over their tokens and their downs (the shared experts' down with the last group). The
+/// outputs are added as one expert after another, in expert order, then the shared experts.
 pub fn moe_forward(cfg: &MoeConfig, layer: usize, m: &Moe, x: &[f32], t: usize) -> Vec<f32> {
+    moe_forward_in_groups(cfg, layer, m, x, t, MOE_GROUP_ROWS)
+}
+
+/// [`moe_forward`] with groups of at most `group_rows` (token, expert) rows (at least one
+/// expert a group): the same outputs, bit for bit, for any `group_rows`.
+fn moe_forward_in_groups(
+    cfg: &MoeConfig,
+    layer: usize,
+    m: &Moe,
+    x: &[f32],
+    t: usize,
+    group_rows: usize,
+) -> Vec<f32> {
     let h = m.router.cols;
     let e = m.router.rows;
     let mut logits = vec![0f32; t * e];
@@ -160,86 +179,101 @@ pub fn moe_forward(cfg: &MoeConfig, layer: usize, m: &Moe, x: &[f32], t: usize) 
         &[t, 2 * cfg.top_k],
         &topk_flat,
     );
-    // Only the experts held here (all of them unless expert-parallel) that have tokens.
+    // Only the experts held here (all of them unless expert-parallel) that have tokens, in
+    // groups of at most `group_rows` (token, expert) rows (at least one expert), so a long
+    // prompt holds one group's gathered rows and intermediates at a time.
     let mine = m.first_expert..m.first_expert + m.experts.len();
     let active: Vec<usize> = (0..e)
         .filter(|ei| !assign[*ei].is_empty() && mine.contains(ei))
         .collect();
-    let xs: Vec<Vec<f32>> = active
-        .iter()
-        .map(|&ei| {
-            assign[ei]
-                .iter()
-                .flat_map(|&(ti, _)| x[ti * h..(ti + 1) * h].iter().copied())
-                .collect()
-        })
-        .collect();
-    // gate / up [n_e, F] per active expert.
-    let mut gs: Vec<Vec<f32>> = Vec::with_capacity(active.len());
-    let mut us: Vec<Vec<f32>> = Vec::with_capacity(active.len());
-    for &ei in &active {
-        let len = assign[ei].len() * m.experts[ei - m.first_expert].gate.rows;
-        gs.push(vec![0f32; len]);
-        us.push(vec![0f32; len]);
-    }
-    {
-        let mut jobs = Vec::with_capacity(2 * active.len());
-        for (((&ei, xe), g), u) in active.iter().zip(&xs).zip(&mut gs).zip(&mut us) {
-            let ex = &m.experts[ei - m.first_expert];
-            let n = assign[ei].len();
-            jobs.push(MatmulJob {
-                x: xe,
-                n_tokens: n,
-                w: &ex.gate,
-                out: g,
-            });
-            jobs.push(MatmulJob {
-                x: xe,
-                n_tokens: n,
-                w: &ex.up,
-                out: u,
-            });
+    let mut groups: Vec<&[usize]> = Vec::new();
+    let (mut g0, mut rows) = (0, 0);
+    for (k, &ei) in active.iter().enumerate() {
+        if rows > 0 && rows + assign[ei].len() > group_rows {
+            groups.push(&active[g0..k]);
+            (g0, rows) = (k, 0);
         }
-        matmul_batch(&mut jobs);
+        rows += assign[ei].len();
     }
-    for (g, u) in gs.iter_mut().zip(&us) {
-        silu_mul(g, u);
-    }
-    silu_mul(&mut sg, &su);
-    // down: [n_e, H] per active expert, [T, H] for the shared experts.
-    let mut ys: Vec<Vec<f32>> = active
-        .iter()
-        .map(|&ei| vec![0f32; assign[ei].len() * h])
-        .collect();
-    let mut y_shared = vec![0f32; if m.shared.is_some() { t * h } else { 0 }];
-    {
-        let mut jobs = Vec::with_capacity(active.len() + 1);
-        for ((&ei, g), y) in active.iter().zip(&gs).zip(&mut ys) {
-            jobs.push(MatmulJob {
-                x: g,
-                n_tokens: assign[ei].len(),
-                w: &m.experts[ei - m.first_expert].down,
-                out: y,
-            });
-        }
-        if let Some(sh) = &m.shared {
-            jobs.push(MatmulJob {
-                x: &sg,
-                n_tokens: t,
-                w: &sh.down,
-                out: &mut y_shared,
-            });
-        }
-        matmul_batch(&mut jobs);
-    }
+    groups.push(&active[g0..]);
     let mut out = vec![0f32; t * h];
-    for (&ei, ye) in active.iter().zip(&ys) {
-        for (k, &(ti, wi)) in assign[ei].iter().enumerate() {
-            for (o, &y) in out[ti * h..(ti + 1) * h]
-                .iter_mut()
-                .zip(&ye[k * h..(k + 1) * h])
-            {
-                *o += wi * y;
+    let mut y_shared = vec![0f32; if m.shared.is_some() { t * h } else { 0 }];
+    silu_mul(&mut sg, &su);
+    let last = groups.len() - 1;
+    for (gi, group) in groups.into_iter().enumerate() {
+        let xs: Vec<Vec<f32>> = group
+            .iter()
+            .map(|&ei| {
+                assign[ei]
+                    .iter()
+                    .flat_map(|&(ti, _)| x[ti * h..(ti + 1) * h].iter().copied())
+                    .collect()
+            })
+            .collect();
+        // gate / up [n_e, F] per expert of the group.
+        let mut gs: Vec<Vec<f32>> = Vec::with_capacity(group.len());
+        let mut us: Vec<Vec<f32>> = Vec::with_capacity(group.len());
+        for &ei in group {
+            let len = assign[ei].len() * m.experts[ei - m.first_expert].gate.rows;
+            gs.push(vec![0f32; len]);
+            us.push(vec![0f32; len]);
+        }
+        {
+            let mut jobs = Vec::with_capacity(2 * group.len());
+            for (((&ei, xe), g), u) in group.iter().zip(&xs).zip(&mut gs).zip(&mut us) {
+                let ex = &m.experts[ei - m.first_expert];
+                let n = assign[ei].len();
+                jobs.push(MatmulJob {
+                    x: xe,
+                    n_tokens: n,
+                    w: &ex.gate,
+                    out: g,
+                });
+                jobs.push(MatmulJob {
+                    x: xe,
+                    n_tokens: n,
+                    w: &ex.up,
+                    out: u,
+                });
+            }
+            matmul_batch(&mut jobs);
+        }
+        for (g, u) in gs.iter_mut().zip(&us) {
+            silu_mul(g, u);
+        }
+        // down: [n_e, H] per expert of the group; the shared experts' [T, H] with the last.
+        let mut ys: Vec<Vec<f32>> = group
+            .iter()
+            .map(|&ei| vec![0f32; assign[ei].len() * h])
+            .collect();
+        {
+            let mut jobs = Vec::with_capacity(group.len() + 1);
+            for ((&ei, g), y) in group.iter().zip(&gs).zip(&mut ys) {
+                jobs.push(MatmulJob {
+                    x: g,
+                    n_tokens: assign[ei].len(),
+                    w: &m.experts[ei - m.first_expert].down,
+                    out: y,
+                });
+            }
+            if let (Some(sh), true) = (&m.shared, gi == last) {
+                jobs.push(MatmulJob {
+                    x: &sg,
+                    n_tokens: t,
+                    w: &sh.down,
+                    out: &mut y_shared,
+                });
+            }
+            matmul_batch(&mut jobs);
+        }
+        for (&ei, ye) in group.iter().zip(&ys) {
+            for (k, &(ti, wi)) in assign[ei].iter().enumerate() {
+                for (o, &y) in out[ti * h..(ti + 1) * h]
+                    .iter_mut()
+                    .zip(&ye[k * h..(k + 1) * h])
+                {
+                    *o += wi * y;
+                }
             }
         }
     }
@@ -255,6 +289,8 @@ pub fn moe_forward(cfg: &MoeConfig, layer: usize, m: &Moe, x: &[f32], t: usize) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mlaserve_backend::GgmlType;
+    use mlaserve_backend::QMatrix;
 
     fn cfg(gating: Gating, n_group: usize, topk_group: usize, norm: bool) -> MoeConfig {
         MoeConfig {
@@ -268,6 +304,33 @@ mod tests {
             norm_topk_prob: norm,
             gating,
             has_correction_bias: true,
+        }
+    }
+
+    #[test]
+    fn expert_groups_do_not_change_the_output() {
+        let (h, f, e, t) = (64, 32, 8, 13);
+        let v = |n: usize, k: f32| -> Vec<f32> {
+            (0..n).map(|i| ((i as f32) * k).sin() * 0.2).collect()
+        };
+        let mlp = |seed: f32, f: usize| Mlp {
+            gate: QMatrix::quantize_from_f32(GgmlType::Q8_0, f, h, &v(f * h, seed)).unwrap(),
+            up: QMatrix::quantize_from_f32(GgmlType::Q8_0, f, h, &v(f * h, seed + 0.1)).unwrap(),
+            down: QMatrix::from_f32(h, f, v(h * f, seed + 0.2)),
+        };
+        let m = Moe {
+            router: QMatrix::from_f32(e, h, v(e * h, 0.77)),
+            correction_bias: None,
+            experts: (0..e).map(|i| mlp(0.3 + i as f32 * 0.05, f)).collect(),
+            first_expert: 0,
+            shared: Some(mlp(0.9, 2 * f)),
+        };
+        let cfg = cfg(Gating::Softmax, 1, 1, false);
+        let x: Vec<f32> = v(t * h, 0.41);
+        let whole = moe_forward_in_groups(&cfg, 0, &m, &x, t, usize::MAX);
+        for rows in [1, 3, 7, 26] {
+            let got = moe_forward_in_groups(&cfg, 0, &m, &x, t, rows);
+            assert_eq!(got, whole, "groups of {rows} rows");
         }
     }
 

@@ -1,16 +1,19 @@
 //! The matmul driver: activation conversion, tiling and threads.
 //!
 //! `out[t, r] = Σ_c x[t, c] · W[r, c]`. The activation rows are converted once to the weight
-//! type's vec_dot type; then the `[n_tokens, rows]` output is cut into tiles of `ROW_TILE`
-//! rows × `TOKEN_BLOCK` tokens, which run in parallel on rayon's pool and write disjoint
-//! output elements. Inside a tile the columns are walked in chunks (`k_chunk`); for each
-//! chunk and each group of 4 tokens (their activation chunks stay in L1) every weight row of
-//! the tile meets the group through one row-kernel call, which unpacks each weight block once
-//! for the 4 tokens. Partial sums of the chunks are added in column order.
+//! type's vec_dot type (read in place where that is f32: F32 weights and
+//! `QMatrix::with_f32_activations`); then the `[n_tokens, rows]` output is cut into tiles of
+//! `ROW_TILE` rows × `TOKEN_BLOCK` tokens, which run in parallel on rayon's pool and write
+//! disjoint output elements. Inside a tile the columns are walked in chunks (`k_chunk`); for
+//! each chunk and each group of 4 tokens (their activation chunks stay in L1) the tile's
+//! weight rows meet the group through one row-kernel call, which unpacks each weight block
+//! once for the 4 tokens. Partial sums of the chunks are added in column order.
+//! `matmul_batch` runs the tiles of several products in one parallel loop.
 //!
 //! Invariant: a token's outputs do not depend on which other tokens share the call — the
-//! chunking depends on the weight only and every kernel keeps one accumulator per token — so
-//! batched and one-at-a-time results are bit-identical.
+//! chunking depends on the weight only, every kernel keeps one accumulator per token, and
+//! the f32-activation kernels for ≤ 4 tokens add in the order of the dequantized tiles'
+//! kernel beyond — so batched and one-at-a-time results are bit-identical (tested).
 
 use crate::act::{quantize_act_row_with, ActType};
 use crate::isa::Isa;
@@ -386,8 +389,9 @@ fn k_chunk(w: &QMatrix, act: ActType) -> usize {
 /// The output pointer, shared by tiles that write disjoint elements.
 #[derive(Clone, Copy)]
 struct SendPtr(*mut f32);
-// SAFETY: tiles write disjoint elements (see `run_tile`), and the pointer outlives the
-// parallel loop, which joins before `matmul_with` returns.
+// SAFETY: tiles write disjoint elements (see `Plan::tile`; each job's output is its own
+// `&mut`), and the pointers outlive the parallel loop, which joins before
+// `matmul_batch_with` returns.
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 impl SendPtr {

@@ -177,6 +177,7 @@ mod simd {
     }
 
     /// `NB` rows: the accumulators are registers (`NB` x 2 x 8 lanes).
+    #[allow(clippy::needless_range_loop)] // b indexes w, len and acc alike
     #[target_feature(enable = "avx2,fma")]
     unsafe fn rows_nb<const NB: usize>(
         ys: &mut [f32],

@@ -49,8 +49,9 @@ impl QMatrix {
     }
 
     /// This matrix multiplied as its exact dequantized values against f32 activations:
-    /// `matmul` then converts no activation and dequantizes each tile's weights to f32 once
-    /// for its tokens. The bytes read stay the stored ones (a quarter of f32's for Q8_0);
+    /// `matmul` then converts no activation; for up to 4 tokens Q8_0/Q4_0/Q5_0/Q4_K rows are
+    /// dequantized in registers (F16/BF16 rows widened) on SIMD levels, otherwise each tile's
+    /// weights are dequantized to f32 once a chunk for its tokens. The bytes read stay the stored ones (a quarter of f32's for Q8_0);
     /// the results are those of the f32 matrix of [`QMatrix::to_f32`] up to the order of f32
     /// additions. For products whose inputs must not be rounded: the absorbed attention's
     /// `W_UK`/`W_UV`, which the unabsorbed path checks against (llama.cpp rounds them to

@@ -1,7 +1,7 @@
 //! Model weights: the GGUF/HF tensor set of DeepSeek-V2/V3 and GLM-5, loaded and checked.
 //!
-//! Invariants: every matrix is [out_features, in_features] in its stored ggml type; norms and
-//! router weights are f32. `kv_b` arrives either as legacy `attn_kv_b` ([N*(P+V), L], per head
+//! Invariants: every matrix is [out_features, in_features] in its stored ggml type (but the
+//! transposed per-head `w_uk` and legacy `w_uk_t`, below); norms and router weights are f32. `kv_b` arrives either as legacy `attn_kv_b` ([N*(P+V), L], per head
 //! `[K_nope rows | V rows]`) or split `attn_k_b` ([N, L, P], i.e. K transposed) + `attn_v_b`
 //! ([N, V, L]); both become the same per-head matrices:
 //! - `w_uk`  [N*P, L]: k_nope_h = w_uk_h · kv_c           (unabsorbed path)
@@ -9,8 +9,8 @@
 //! - `w_uv`  [N*V, L]: v_h = w_uv_h · kv_c, out_h = w_uv_h · o_lat ("W_UV", both paths)
 //!
 //! `w_uk` is f32 (a transpose of the stored rows); `w_uk_t` and `w_uv` keep the stored type
-//! wherever they are rows of a stored tensor (legacy `w_uk_t` is a transpose: f32), so decode
-//! reads the file's bytes, not 4-byte floats, and multiply as their exact dequantized values
+//! wherever they are rows of a stored tensor (legacy `w_uk_t` is a transpose: f32; legacy
+//! `w_uv` a copy of its rows), so decode reads the stored blocks, not 4-byte floats, and multiply as their exact dequantized values
 //! against unrounded activations (llama.cpp rounds those to Q8_0: the absorbed path would no
 //! longer be the unabsorbed one's check).
 //!

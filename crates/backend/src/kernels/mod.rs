@@ -2,9 +2,10 @@
 //!
 //! A *row kernel* computes `out[r, t] = Σ_c W[r, c] · A[t, c]` for a few weight rows (bytes of
 //! their ggml blocks, `row_bytes` apart) and a few activation rows laid `stride` bytes apart,
-//! each already in the weight's [`ActType`](crate::ActType) (see [`RowKernel`]). [`row_kernel`] picks the implementation for a weight
-//! type and an instruction-set level: the AVX2 kernels where they exist, else the scalar
-//! vec_dot of [`scalar`] applied token by token.
+//! each already in the weight's [`ActType`](crate::ActType) (see `RowKernel`).
+//! `row_kernel` picks the implementation for a weight type and an instruction-set level:
+//! the AVX-512 or AVX2 kernels where they exist, else the scalar vec_dot of [`scalar`]
+//! applied row by row and token by token.
 
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]

@@ -22,7 +22,7 @@ unsafe fn i8_lanes(q: __m256i, k: usize) -> __m256 {
     } else {
         _mm256_extracti128_si256::<1>(q)
     };
-    let v = if k % 2 == 0 {
+    let v = if k & 1 == 0 {
         half
     } else {
         _mm_srli_si128::<8>(half)
@@ -38,7 +38,7 @@ unsafe fn u8_lanes(q: __m256i, k: usize) -> __m256 {
     } else {
         _mm256_extracti128_si256::<1>(q)
     };
-    let v = if k % 2 == 0 {
+    let v = if k & 1 == 0 {
         half
     } else {
         _mm_srli_si128::<8>(half)

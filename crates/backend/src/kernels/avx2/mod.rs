@@ -1,12 +1,18 @@
 //! AVX2 + FMA + F16C kernels.
 //!
-//! Every kernel computes the dot products of one weight row with `NT <= 4` activation rows at
+//! Every kernel computes the dot products of its weight rows with `NT <= 4` activation rows at
 //! once, so each weight block is loaded and unpacked once per group of tokens. The integer
-//! products follow the scalar kernels exactly; only the order of the f32 sums differs.
+//! products of the quantized kernels follow the scalar kernels exactly; only the order of the
+//! f32 sums differs. `float` (F32/F16/BF16 rows, two at a time) and `exact` (quantized rows
+//! dequantized in registers against f32 activations) are f32 throughout; `deq` and `act`
+//! convert blocks, bit for bit their scalar conversions.
 //!
 //! Safety invariant: the `#[target_feature]` functions here are only reached through the safe
-//! wrappers made by `row_kernel!`, and those only through [`crate::kernels::row_kernel`] with
-//! [`crate::Isa::Avx2`], which `matmul_with` hands out only after run-time detection.
+//! wrappers made by `row_kernel!`/`float_rows!` and the entry points of `crate::kernels`
+//! (`row_kernel`, `f32_act_row_kernel`, `dequantized_tile_kernel`, `dequantize_with`) and
+//! `crate::act::quantize_act_row_with`, each of which runs them only at a level above
+//! [`crate::Isa::Scalar`] that run-time detection found (every such level has AVX2, FMA and
+//! F16C).
 
 #[cfg(target_arch = "x86_64")]
 mod act;

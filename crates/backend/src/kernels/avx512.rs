@@ -37,7 +37,8 @@ unsafe fn k4_scales_mins(p: *const u8) -> __m128i {
 }
 
 /// `R` weight rows (at `w[r]`) against `NT` tokens: per row the arithmetic of one row alone;
-/// the rows share each activation load and the tokens' min sums.
+/// the rows share each activation load.
+#[allow(clippy::needless_range_loop)] // r and t index several arrays alike
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 unsafe fn k4_nt<const R: usize, const NT: usize, const HIGH: bool>(
     nb: usize,

@@ -106,8 +106,9 @@ unsafe fn float2_nt<const NT: usize, const KIND: u8>(
     }
 }
 
-/// The float row kernels (see [`crate::kernels::RowKernel`]): rows in pairs
-/// ([`float2_nt`]), an odd last one alone, tokens in groups of 4, 2, 1.
+/// The float row kernels (see `crate::kernels::RowKernel`): with 2+ tokens rows in pairs
+/// ([`float2_nt`]), an odd last one alone; with one token a row at a time; tokens in
+/// groups of 4, 2, 1.
 macro_rules! float_rows {
     ($name:ident, $kind:expr, $w_bytes:expr) => {
         #[allow(clippy::too_many_arguments)]
@@ -148,7 +149,10 @@ macro_rules! float_rows {
             ) {
                 let mut r = 0;
                 while r < rows {
-                    let pair = r + 1 < rows;
+                    // Pairs for 2+ tokens only: a pair against one token (decode) ran BF16
+                    // tg128 at 32 tok/s against 60 with a row at a time (the pair's two weight
+                    // streams stall on memory), while prefill gains 26%.
+                    let pair = r + 1 < rows && nt >= 2;
                     let (w0, o0) = (w.add(r * row_bytes), out.add(r * nt));
                     // Row r + 1's pointers are only followed when it exists (`pair`).
                     let (w1, o1) = (

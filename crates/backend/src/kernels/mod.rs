@@ -124,15 +124,15 @@ pub(crate) fn f32_act_row_kernel(ty: GgmlType, isa: Isa) -> Option<RowKernel> {
     None
 }
 
-/// The F32 row kernel for dequantized tiles at level `isa`: one row at a time, adding in the
-/// order of the register-dequantizing kernels of [`f32_act_row_kernel`] (so a token's result
-/// does not depend on how many tokens share its call).
+/// The F32 row kernel for dequantized tiles at level `isa`, adding in the order of the
+/// register-dequantizing kernels of [`f32_act_row_kernel`] (two chains alternating every 8
+/// columns), so a token's result does not depend on how many tokens share its call.
 ///
 /// The caller guarantees that `isa` is supported by the running CPU.
 pub(crate) fn dequantized_tile_kernel(isa: Isa) -> RowKernel {
     #[cfg(target_arch = "x86_64")]
     if isa != Isa::Scalar && isa.is_available() {
-        return avx2::f32_rows_single;
+        return avx2::f32_rows;
     }
     let _ = isa;
     scalar_row_kernel(GgmlType::F32).expect("F32 has a scalar kernel")

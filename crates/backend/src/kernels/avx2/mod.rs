@@ -3,12 +3,12 @@
 //! Every kernel computes the dot products of its weight rows with `NT <= 4` activation rows at
 //! once, so each weight block is loaded and unpacked once per group of tokens. The integer
 //! products of the quantized kernels follow the scalar kernels exactly; only the order of the
-//! f32 sums differs. `float` (F32/F16/BF16 rows, two at a time) and `exact` (quantized rows
+//! f32 sums differs. `float` (F32/F16/BF16 rows) and `exact` (quantized rows
 //! dequantized in registers against f32 activations) are f32 throughout; `deq` and `act`
 //! convert blocks, bit for bit their scalar conversions.
 //!
 //! Safety invariant: the `#[target_feature]` functions here are only reached through the safe
-//! wrappers made by `row_kernel!`/`float_rows!` and the entry points of `crate::kernels`
+//! wrappers made by `row_kernel!` and the entry points of `crate::kernels`
 //! (`row_kernel`, `f32_act_row_kernel`, `dequantized_tile_kernel`, `dequantize_with`) and
 //! `crate::act::quantize_act_row_with`, each of which runs them only at a level above
 //! [`crate::Isa::Scalar`] that run-time detection found (every such level has AVX2, FMA and

@@ -11,6 +11,7 @@
 //! [`crate::Isa::Avx512`], which `matmul_with` uses only after run-time detection.
 
 use super::avx2::util::{f16_at, f32_at, hsum_ps, hsum_ps128};
+use crate::kernels::RowKernel;
 use std::arch::x86_64::*;
 
 const Q8K_QS: usize = 4;
@@ -235,31 +236,6 @@ fn k4_row_kernel<const HIGH: bool>(
 }
 
 /// Q4_K row kernel.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn q4_k_rows(
-    n: usize,
-    w: &[u8],
-    row_bytes: usize,
-    rows: usize,
-    a: &[u8],
-    stride: usize,
-    nt: usize,
-    out: &mut [f32],
-) {
-    k4_row_kernel::<false>(n, w, row_bytes, rows, a, stride, nt, out)
-}
-
+pub(crate) const Q4_K_ROWS: RowKernel = k4_row_kernel::<false>;
 /// Q5_K row kernel.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn q5_k_rows(
-    n: usize,
-    w: &[u8],
-    row_bytes: usize,
-    rows: usize,
-    a: &[u8],
-    stride: usize,
-    nt: usize,
-    out: &mut [f32],
-) {
-    k4_row_kernel::<true>(n, w, row_bytes, rows, a, stride, nt, out)
-}
+pub(crate) const Q5_K_ROWS: RowKernel = k4_row_kernel::<true>;

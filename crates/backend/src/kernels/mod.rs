@@ -169,8 +169,8 @@ pub(crate) fn row_kernel(ty: GgmlType, isa: Isa) -> Option<RowKernel> {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
         match ty {
-            Q4_K => return Some(avx512::q4_k_rows),
-            Q5_K => return Some(avx512::q5_k_rows),
+            Q4_K => return Some(avx512::Q4_K_ROWS),
+            Q5_K => return Some(avx512::Q5_K_ROWS),
             _ => {}
         }
     }

@@ -3,48 +3,33 @@
 //! products that multiply a dequantized tile against f32 activations
 //! (`QMatrix::with_f32_activations`).
 
-use super::q8::bits_32;
-use super::util::{f16_at, f16x8_at, nibbles_32};
+use super::q8::{block_bytes, lut, q8_block, IQ4_NL, Q4_0, Q5_0, Q8_0};
+use super::util::{f16_at, i8_lanes, u8_lanes};
 use crate::dequant::scale_min_k4;
 use mlaserve_gguf::GgmlType;
 use std::arch::x86_64::*;
 
-/// 8 i8 lanes at the low half of `v` (bytes `8k..8k+8` when shifted there) as f32.
+/// The `nb` blocks of `KIND` at `x` as `d · q` to `y`.
 #[inline(always)]
-unsafe fn i8x8_ps(v: __m128i) -> __m256 {
-    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
-}
-
-/// 32 signed bytes times `d`, to `y[0..32]`.
-#[inline(always)]
-unsafe fn store_32(q: __m256i, d: __m256, y: *mut f32) {
-    let lo = _mm256_castsi256_si128(q);
-    let hi = _mm256_extracti128_si256::<1>(q);
-    _mm256_storeu_ps(y, _mm256_mul_ps(d, i8x8_ps(lo)));
-    _mm256_storeu_ps(y.add(8), _mm256_mul_ps(d, i8x8_ps(_mm_srli_si128::<8>(lo))));
-    _mm256_storeu_ps(y.add(16), _mm256_mul_ps(d, i8x8_ps(hi)));
-    _mm256_storeu_ps(
-        y.add(24),
-        _mm256_mul_ps(d, i8x8_ps(_mm_srli_si128::<8>(hi))),
-    );
+unsafe fn q8_blocks<const KIND: u8>(nb: usize, x: *const u8, y: *mut f32) {
+    let (bb, lut) = (block_bytes(KIND), lut(KIND));
+    for i in 0..nb {
+        let (d, q) = q8_block::<KIND>(x.add(i * bb), lut);
+        for k in 0..4 {
+            _mm256_storeu_ps(y.add(32 * i + 8 * k), _mm256_mul_ps(d, i8_lanes(q, k)));
+        }
+    }
 }
 
 /// 32 unsigned bytes `q` as `d · q − m`, to `y[0..32]`.
 #[inline(always)]
 unsafe fn store_32_min(q: __m256i, d: __m256, m: __m256, y: *mut f32) {
-    let lo = _mm256_castsi256_si128(q);
-    let hi = _mm256_extracti128_si256::<1>(q);
-    let f = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
-    _mm256_storeu_ps(y, _mm256_sub_ps(_mm256_mul_ps(d, f(lo)), m));
-    _mm256_storeu_ps(
-        y.add(8),
-        _mm256_sub_ps(_mm256_mul_ps(d, f(_mm_srli_si128::<8>(lo))), m),
-    );
-    _mm256_storeu_ps(y.add(16), _mm256_sub_ps(_mm256_mul_ps(d, f(hi)), m));
-    _mm256_storeu_ps(
-        y.add(24),
-        _mm256_sub_ps(_mm256_mul_ps(d, f(_mm_srli_si128::<8>(hi))), m),
-    );
+    for k in 0..4 {
+        _mm256_storeu_ps(
+            y.add(8 * k),
+            _mm256_sub_ps(_mm256_mul_ps(d, u8_lanes(q, k)), m),
+        );
+    }
 }
 
 /// Dequantize the whole blocks of `src` (type `ty`) into `out`; `false` (nothing written)
@@ -59,35 +44,10 @@ pub(crate) unsafe fn dequantize(ty: GgmlType, src: &[u8], out: &mut [f32]) -> bo
     debug_assert!(src.len() >= nb * ts);
     let (x, y) = (src.as_ptr(), out.as_mut_ptr());
     match ty {
-        GgmlType::Q8_0 => {
-            for i in 0..nb {
-                let b = x.add(i * ts);
-                store_32(
-                    _mm256_loadu_si256(b.add(2) as *const __m256i),
-                    f16x8_at(b),
-                    y.add(32 * i),
-                );
-            }
-        }
-        GgmlType::Q4_0 => {
-            for i in 0..nb {
-                let b = x.add(i * ts);
-                let q = _mm256_sub_epi8(nibbles_32(b.add(2)), _mm256_set1_epi8(8));
-                store_32(q, f16x8_at(b), y.add(32 * i));
-            }
-        }
-        GgmlType::Q5_0 => {
-            for i in 0..nb {
-                let b = x.add(i * ts);
-                // Bit 4 from qh, then − 16.
-                let hi = _mm256_and_si256(bits_32(b.add(2)), _mm256_set1_epi8(0x10));
-                let q = _mm256_sub_epi8(
-                    _mm256_or_si256(nibbles_32(b.add(6)), hi),
-                    _mm256_set1_epi8(16),
-                );
-                store_32(q, f16x8_at(b), y.add(32 * i));
-            }
-        }
+        GgmlType::Q8_0 => q8_blocks::<Q8_0>(nb, x, y),
+        GgmlType::Q4_0 => q8_blocks::<Q4_0>(nb, x, y),
+        GgmlType::Q5_0 => q8_blocks::<Q5_0>(nb, x, y),
+        GgmlType::IQ4_NL => q8_blocks::<IQ4_NL>(nb, x, y),
         GgmlType::Q4_K => {
             let m4 = _mm256_set1_epi8(0x0F);
             for i in 0..nb {

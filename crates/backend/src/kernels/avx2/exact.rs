@@ -4,47 +4,11 @@
 //! activations by FMA. No buffer between: for decode, where a row meets at most 4 tokens and
 //! a dequantized tile would be written and read back for one use.
 
-use super::q8::bits_32;
+use super::q8::{block_bytes, lut, q8_block, Q4_0, Q5_0, Q8_0};
 use super::row_kernel;
-use super::util::{f16_at, f16x8_at, hsum_ps, nibbles_32};
+use super::util::{f16_at, hsum_ps, i8_lanes, u8_lanes};
 use crate::dequant::scale_min_k4;
 use std::arch::x86_64::*;
-
-const Q8_0: u8 = 0;
-const Q4_0: u8 = 1;
-const Q5_0: u8 = 2;
-
-/// Lanes `8k..8k+8` of 32 signed bytes as f32 (k in 0..4).
-#[inline(always)]
-unsafe fn i8_lanes(q: __m256i, k: usize) -> __m256 {
-    let half = if k < 2 {
-        _mm256_castsi256_si128(q)
-    } else {
-        _mm256_extracti128_si256::<1>(q)
-    };
-    let v = if k & 1 == 0 {
-        half
-    } else {
-        _mm_srli_si128::<8>(half)
-    };
-    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
-}
-
-/// Lanes `8k..8k+8` of 32 unsigned bytes as f32 (k in 0..4).
-#[inline(always)]
-unsafe fn u8_lanes(q: __m256i, k: usize) -> __m256 {
-    let half = if k < 2 {
-        _mm256_castsi256_si128(q)
-    } else {
-        _mm256_extracti128_si256::<1>(q)
-    };
-    let v = if k & 1 == 0 {
-        half
-    } else {
-        _mm_srli_si128::<8>(half)
-    };
-    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))
-}
 
 /// 32-value blocks with one f16 scale: `w = d · q`, q signed.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -55,26 +19,10 @@ unsafe fn q32_nt<const NT: usize, const KIND: u8>(
     stride: usize,
     out: *mut f32,
 ) {
-    let bb = match KIND {
-        Q8_0 => 34,
-        Q4_0 => 18,
-        _ => 22,
-    };
+    let (bb, lut) = (block_bytes(KIND), lut(KIND));
     let mut acc = [[_mm256_setzero_ps(); 2]; NT];
     for ib in 0..nb {
-        let x = w.add(ib * bb);
-        let d = f16x8_at(x);
-        let q = match KIND {
-            Q8_0 => _mm256_loadu_si256(x.add(2) as *const __m256i),
-            Q4_0 => _mm256_sub_epi8(nibbles_32(x.add(2)), _mm256_set1_epi8(8)),
-            _ => {
-                let hi = _mm256_and_si256(bits_32(x.add(2)), _mm256_set1_epi8(0x10));
-                _mm256_sub_epi8(
-                    _mm256_or_si256(nibbles_32(x.add(6)), hi),
-                    _mm256_set1_epi8(16),
-                )
-            }
-        };
+        let (d, q) = q8_block::<KIND>(w.add(ib * bb), lut);
         for k in 0..4 {
             let wk = _mm256_mul_ps(d, i8_lanes(q, k));
             for (t, acc) in acc.iter_mut().enumerate() {

@@ -100,6 +100,33 @@ pub(crate) mod util {
         _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
     }
 
+    /// Bytes `8k..8k+8` of `q` (k in 0..4), the 8-byte group a lane-wise conversion takes.
+    #[inline(always)]
+    pub unsafe fn bytes8(q: __m256i, k: usize) -> __m128i {
+        let half = if k < 2 {
+            _mm256_castsi256_si128(q)
+        } else {
+            _mm256_extracti128_si256::<1>(q)
+        };
+        if k & 1 == 0 {
+            half
+        } else {
+            _mm_srli_si128::<8>(half)
+        }
+    }
+
+    /// Bytes `8k..8k+8` of `q` (k in 0..4) as signed values in 8 f32 lanes.
+    #[inline(always)]
+    pub unsafe fn i8_lanes(q: __m256i, k: usize) -> __m256 {
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes8(q, k)))
+    }
+
+    /// Bytes `8k..8k+8` of `q` (k in 0..4) as unsigned values in 8 f32 lanes.
+    #[inline(always)]
+    pub unsafe fn u8_lanes(q: __m256i, k: usize) -> __m256 {
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes8(q, k)))
+    }
+
     /// 16 pairwise i16 sums of `|x|·sign(y, x)` = `x·y` (both in -127..=127, no saturation).
     #[inline(always)]
     pub unsafe fn mul_i8_pairs_i16(ax: __m256i, x: __m256i, y: __m256i) -> __m256i {

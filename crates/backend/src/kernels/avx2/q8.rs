@@ -13,13 +13,14 @@ use crate::act::{Q8_0_ACT_BYTES, Q8_1_ACT_BYTES};
 use crate::dequant::{KVALUES_IQ4NL, KVALUES_MXFP4};
 use std::arch::x86_64::*;
 
-const Q8_0: u8 = 0;
-const Q4_0: u8 = 1;
-const IQ4_NL: u8 = 2;
-const MXFP4: u8 = 3;
-const Q5_0: u8 = 4;
+pub(crate) const Q8_0: u8 = 0;
+pub(crate) const Q4_0: u8 = 1;
+pub(crate) const IQ4_NL: u8 = 2;
+pub(crate) const MXFP4: u8 = 3;
+pub(crate) const Q5_0: u8 = 4;
 
-const fn block_bytes(kind: u8) -> usize {
+/// Bytes of one weight block of `kind`.
+pub(crate) const fn block_bytes(kind: u8) -> usize {
     match kind {
         Q8_0 => 34,
         Q4_0 | IQ4_NL => 18,
@@ -34,6 +35,45 @@ unsafe fn table(values: &[i8; 16]) -> __m256i {
     _mm256_set_m128i(t, t)
 }
 
+/// The value table `q8_block` looks `KIND`'s nibbles up in (IQ4_NL's or MXFP4's; unused by
+/// the others).
+#[inline(always)]
+pub(crate) unsafe fn lut(kind: u8) -> __m256i {
+    match kind {
+        MXFP4 => table(&KVALUES_MXFP4),
+        _ => table(&KVALUES_IQ4NL),
+    }
+}
+
+/// Block `x` of `KIND`: its scale in 8 lanes and its 32 values as signed bytes, in order
+/// (`lut` from [`lut`]).
+#[inline(always)]
+pub(crate) unsafe fn q8_block<const KIND: u8>(x: *const u8, lut: __m256i) -> (__m256, __m256i) {
+    match KIND {
+        Q8_0 => (f16x8_at(x), _mm256_loadu_si256(x.add(2) as *const __m256i)),
+        Q4_0 => (
+            f16x8_at(x),
+            _mm256_sub_epi8(nibbles_32(x.add(2)), _mm256_set1_epi8(8)),
+        ),
+        IQ4_NL => (f16x8_at(x), _mm256_shuffle_epi8(lut, nibbles_32(x.add(2)))),
+        // 5th bit clear: `q | 0xF0` is `q - 16` as i8; set: `q` is `(q + 16) - 16`.
+        Q5_0 => {
+            let hi = bits_32(x.add(2));
+            (
+                f16x8_at(x),
+                _mm256_or_si256(
+                    nibbles_32(x.add(6)),
+                    _mm256_andnot_si256(hi, _mm256_set1_epi8(0xF0u8 as i8)),
+                ),
+            )
+        }
+        _ => (
+            _mm256_set1_ps(e8m0_half_scale(*x)),
+            _mm256_shuffle_epi8(lut, nibbles_32(x.add(1))),
+        ),
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q8_family_nt<const NT: usize, const KIND: u8>(
     nb: usize,
@@ -43,36 +83,10 @@ unsafe fn q8_family_nt<const NT: usize, const KIND: u8>(
     out: *mut f32,
 ) {
     let bb = block_bytes(KIND);
-    let lut = match KIND {
-        MXFP4 => table(&KVALUES_MXFP4),
-        _ => table(&KVALUES_IQ4NL),
-    };
+    let lut = lut(KIND);
     let mut acc = [_mm256_setzero_ps(); NT];
     for ib in 0..nb {
-        let x = w.add(ib * bb);
-        let (dx, qx) = match KIND {
-            Q8_0 => (f16x8_at(x), _mm256_loadu_si256(x.add(2) as *const __m256i)),
-            Q4_0 => (
-                f16x8_at(x),
-                _mm256_sub_epi8(nibbles_32(x.add(2)), _mm256_set1_epi8(8)),
-            ),
-            IQ4_NL => (f16x8_at(x), _mm256_shuffle_epi8(lut, nibbles_32(x.add(2)))),
-            // 5th bit clear: `q | 0xF0` is `q - 16` as i8; set: `q` is `(q + 16) - 16`.
-            Q5_0 => {
-                let hi = bits_32(x.add(2));
-                (
-                    f16x8_at(x),
-                    _mm256_or_si256(
-                        nibbles_32(x.add(6)),
-                        _mm256_andnot_si256(hi, _mm256_set1_epi8(0xF0u8 as i8)),
-                    ),
-                )
-            }
-            _ => (
-                _mm256_set1_ps(e8m0_half_scale(*x)),
-                _mm256_shuffle_epi8(lut, nibbles_32(x.add(1))),
-            ),
-        };
+        let (dx, qx) = q8_block::<KIND>(w.add(ib * bb), lut);
         let ax = _mm256_sign_epi8(qx, qx);
         for (t, acc) in acc.iter_mut().enumerate() {
             let y = a.add(t * stride + ib * Q8_0_ACT_BYTES);

@@ -245,17 +245,17 @@ fn kv_b(
     );
     let (h0, n) = (heads.start, heads.len());
     let legacy = format!("blk.{i}.attn_kv_b.weight");
-    // w_uk [N*P, L] from w_uk_t [N*L, P], per head a transpose.
-    let transpose = |w_uk_t: &[f32]| {
-        let mut w_uk = vec![0f32; n * p * l];
+    // Per head, a [rows, cols] block of `m` ([n * rows, cols]) transposed to [cols, rows].
+    let per_head_t = |m: &[f32], rows: usize, cols: usize| {
+        let mut t = vec![0f32; n * rows * cols];
         for h in 0..n {
-            for li in 0..l {
-                for pi in 0..p {
-                    w_uk[(h * p + pi) * l + li] = w_uk_t[(h * l + li) * p + pi];
+            for r in 0..rows {
+                for c in 0..cols {
+                    t[(h * cols + c) * rows + r] = m[(h * rows + r) * cols + c];
                 }
             }
         }
-        w_uk
+        t
     };
     if src.has(&legacy) {
         // [N*(P+V), L], per head [K_nope (P rows) | V (V rows)].
@@ -272,14 +272,7 @@ fn kv_b(
             w_uk.extend(kvb.rows_slice(base, p).to_f32());
             uv.extend_from_slice(&kvb.data()[(base + p) * rb..(base + p + v) * rb]);
         }
-        let mut w_uk_t = vec![0f32; n * l * p];
-        for h in 0..n {
-            for pi in 0..p {
-                for li in 0..l {
-                    w_uk_t[(h * l + li) * p + pi] = w_uk[(h * p + pi) * l + li];
-                }
-            }
-        }
+        let w_uk_t = per_head_t(&w_uk, p, l);
         let w_uv = QMatrix::new(kvb.ty, n * v, l, uv.into())
             .map_err(|e| src.src.tensor_err(&legacy, e.to_string()))?;
         Ok((
@@ -301,7 +294,7 @@ fn kv_b(
             h0 * v..(h0 + n) * v,
         )?;
         Ok((
-            QMatrix::from_f32(n * p, l, transpose(&w_uk_t.to_f32())),
+            QMatrix::from_f32(n * p, l, per_head_t(&w_uk_t.to_f32(), l, p)),
             src.fix(w_uk_t).with_f32_activations(),
             src.fix(w_uv).with_f32_activations(),
         ))

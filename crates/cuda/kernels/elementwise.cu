@@ -229,10 +229,11 @@ extern "C" __global__ void add_rows_indexed(float* dst, const float* src, const 
 // reference): out[r] = its RowArgmax {the lowest index of the row's largest value among those
 // that are neither NaN nor +inf (0 if none is above -inf), that value's bits (-inf if none),
 // the lowest index holding NaN or +inf (0xffffffff if none), its bits}; picked[r] = the token
-// its draw chose: draws == 0 or draws[4r + 3] == 0 (greedy) the argmax, else one softmax
-// draw by mlaserve_model::draw's integer weights with draws[4r..4r+4] = {1/temperature bits,
-// the random u64's low word, its high word, 1} (a row with NaN / +inf or nothing above -inf:
-// the argmax).  logits [rows, vocab] f32, 16-byte aligned where vocab % 4 == 0 (float4 loads).
+// its draw chose: draws == 0 or draws[8r + 3] == 0 (greedy) the argmax, else one softmax
+// draw by mlaserve_model::draw's integer weights with draws[8r..8r+8] = {1/temperature bits,
+// the random u64's low word, its high word, 1, top_k (0: off), top_p bits (>= 1: off), min_p
+// bits (<= 0: off), 0} (a row with NaN / +inf or nothing above -inf: the argmax). A row drawn
+// with a filter is overwritten with its probabilities (pick_filtered).  logits [rows, vocab] f32, 16-byte aligned where vocab % 4 == 0 (float4 loads).
 // grid (rows), block 1024 (a multiple of 32).
 __device__ __forceinline__ void argmax_take(float v, unsigned i, float& bv, unsigned& bi,
                                             unsigned& badi) {
@@ -297,14 +298,167 @@ __device__ __forceinline__ unsigned long long warp_incl_u64(unsigned long long v
     }
     return v;
 }
-extern "C" __global__ void logits_pick(const float* logits, int vocab, const unsigned* draws,
+// ---- drawing with top-k / top-p / min-p (mlaserve_model::draw::filtered), a block a row ----
+// Sum of f(i) over i in [0, n), in every thread. red: 32 words of shared memory.
+template <class F>
+__device__ unsigned long long block_sum_u64(int n, F f, unsigned long long* red) {
+    unsigned long long s = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += f(i);
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    __syncthreads();  // red's last readers are done
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
+    __syncthreads();
+    unsigned long long t = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) t += red[w];
+    return t;
+}
+// The first i in [0, n) whose running sum of f over 0..=i exceeds thr (the whole sum must), in
+// every thread: warp segments, then 32-value steps a lane each, then the lane.
+template <class F>
+__device__ int block_find(int n, F f, unsigned long long thr, unsigned long long* red, int* found) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    const int sg = (n + nw * 32 - 1) / (nw * 32) * 32;
+    const int lo = min(n, warp * sg), hi = min(n, lo + sg);
+    unsigned long long mine = 0;
+    for (int j = lo + lane; j < hi; j += 32) mine += f(j);
+    for (int o = 16; o > 0; o >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, o);
+    __syncthreads();
+    if (lane == 0) red[warp] = mine;
+    __syncthreads();
+    unsigned long long rem = thr;
+    int w = 0;
+    while (w < nw - 1 && red[w] <= rem) rem -= red[w++];
+    if (warp == w) {
+        for (int g = lo; g < hi; g += 32 * 32) {
+            const int st = g + lane * 32;
+            unsigned long long s = 0;
+            for (int j = st; j < min(st + 32, hi); ++j) s += f(j);
+            unsigned long long incl = warp_incl_u64(s, lane);
+            const unsigned hit = __ballot_sync(0xffffffffu, incl > rem);
+            if (!hit) {
+                rem -= __shfl_sync(0xffffffffu, incl, 31);
+                continue;
+            }
+            const int k = __ffs(hit) - 1;
+            rem -= __shfl_sync(0xffffffffu, incl - s, k);
+            const int j0 = g + k * 32 + lane;
+            s = j0 < hi ? f(j0) : 0ull;
+            incl = warp_incl_u64(s, lane);
+            const unsigned at = __ballot_sync(0xffffffffu, incl > rem);
+            if (lane == __ffs(at) - 1) *found = j0;
+            break;
+        }
+    }
+    __syncthreads();
+    const int r = *found;
+    __syncthreads();  // found's readers done before its next write
+    return r;
+}
+// The largest key v (the bits of a probability: monotone for p >= 0) whose
+// S(v) = sum of f(i, p) over the i with key >= v reaches target (S(0) must), by bisection over
+// [0, bits of 1.0]; above = S(v + 1).
+template <class F>
+__device__ unsigned bisect_key(int n, const float* prob, F f, unsigned long long target,
+                               unsigned long long& above, unsigned long long* red) {
+    unsigned lo = 0u, hi = 0x3F800001u;
+    unsigned long long s_hi = 0;
+    while (hi - lo > 1) {
+        const unsigned mid = lo + (hi - lo) / 2;
+        const unsigned long long s = block_sum_u64(
+            n,
+            [&](int i) {
+                const float p = prob[i];
+                return __float_as_uint(p) >= mid ? f(i, p) : 0ull;
+            },
+            red);
+        if (s >= target) {
+            lo = mid;
+        } else {
+            hi = mid;
+            s_hi = s;
+        }
+    }
+    above = s_hi;
+    return lo;
+}
+__device__ __forceinline__ unsigned long long prob_weight(float p) {
+    return (unsigned long long)__fmul_rn(p, 1099511627776.0f);
+}
+// One draw over the tokens mlaserve_model::draw::filtered keeps: the row (logits, max mx) is
+// overwritten with its probabilities; min-p, then top-k by a count bisection over the keys
+// and the ties' id cut, then top-p by a weight bisection and its ties' cut, then the draw.
+__device__ int pick_filtered(float* row, int n, float mx, float inv_t, unsigned long long random,
+                             unsigned top_k, float top_p, float min_p, unsigned long long* red,
+                             int* found) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) row[i] = softmax_prob(row[i], mx, inv_t);
+    __syncthreads();
+    const float* prob = row;
+    const float min_keep = min_p > 0.0f ? min_p : 0.0f;
+    auto k0 = [=](float p) { return p > 0.0f && p >= min_keep; };
+    bool use_k = false;
+    unsigned vk = 0;
+    int cut_k = -1;
+    if (top_k != 0u) {
+        const unsigned long long n0 =
+            block_sum_u64(n, [&](int i) { return k0(prob[i]) ? 1ull : 0ull; }, red);
+        if ((unsigned long long)top_k < n0) {
+            use_k = true;
+            unsigned long long above;
+            vk = bisect_key(n, prob, [&](int, float p) { return k0(p) ? 1ull : 0ull; }, top_k,
+                            above, red);
+            cut_k = block_find(
+                n,
+                [&](int i) {
+                    const float p = prob[i];
+                    return k0(p) && __float_as_uint(p) == vk ? 1ull : 0ull;
+                },
+                top_k - above - 1, red, found);
+        }
+    }
+    auto k1 = [=](int i, float p) {
+        const unsigned key = __float_as_uint(p);
+        return k0(p) && (!use_k || key > vk || (key == vk && i <= cut_k));
+    };
+    const bool use_p = top_p < 1.0f;
+    unsigned vp = 0;
+    int cut_p = -1;
+    if (use_p) {
+        const unsigned long long total = block_sum_u64(
+            n, [&](int i) { return k1(i, prob[i]) ? prob_weight(prob[i]) : 0ull; }, red);
+        // mlaserve_model::draw::nucleus_target
+        unsigned long long target =
+            (unsigned long long)ceil(__dmul_rn((double)top_p, __ull2double_rn(total)));
+        target = max(min(target, total), 1ull);  // draw::rank_cut's need.max(1)
+        unsigned long long above;
+        vp = bisect_key(n, prob, [&](int i, float p) { return k1(i, p) ? prob_weight(p) : 0ull; },
+                        target, above, red);
+        cut_p = block_find(
+            n,
+            [&](int i) {
+                const float p = prob[i];
+                return k1(i, p) && __float_as_uint(p) == vp ? prob_weight(p) : 0ull;
+            },
+            target - above - 1, red, found);
+    }
+    auto k2 = [=](int i, float p) {
+        const unsigned key = __float_as_uint(p);
+        return k1(i, p) && (!use_p || key > vp || (key == vp && i <= cut_p));
+    };
+    auto w2 = [&](int i) {
+        const float p = prob[i];
+        return k2(i, p) ? prob_weight(p) : 0ull;
+    };
+    const unsigned long long total = block_sum_u64(n, w2, red);
+    return block_find(n, w2, __umul64hi(random, total), red, found);
+}
+extern "C" __global__ void logits_pick(float* logits, int vocab, const unsigned* draws,
                                        uint4* out, unsigned* picked) {
     MLA_PDL();
     __shared__ float sv[32];
     __shared__ unsigned si[32], sb[32];
     __shared__ unsigned long long wsum[32], rem_s;
     __shared__ int warp_s;
-    const float* row = logits + (i64)blockIdx.x * vocab;
+    float* row = logits + (i64)blockIdx.x * vocab;
     float bv = -INFINITY;
     unsigned bi = 0xffffffffu, badi = 0xffffffffu;
     if ((vocab & 3) == 0) {  // rows 16-byte aligned: float4 loads
@@ -338,8 +492,18 @@ extern "C" __global__ void logits_pick(const float* logits, int vocab, const uns
         out[blockIdx.x] = make_uint4(token, __float_as_uint(bv), badi, bad_bits);
         picked[blockIdx.x] = token;
     }
-    const unsigned* d = draws ? draws + 4 * blockIdx.x : nullptr;
+    const unsigned* d = draws ? draws + 8 * blockIdx.x : nullptr;
     if (!d || d[3] == 0u || badi != 0xffffffffu || bv == -INFINITY) return;  // block-uniform
+    {
+        const float top_p = __uint_as_float(d[5]), min_p = __uint_as_float(d[6]);
+        if (!(d[4] == 0u && top_p >= 1.0f && min_p <= 0.0f)) {
+            const unsigned long long random = ((unsigned long long)d[2] << 32) | d[1];
+            const int t = pick_filtered(row, vocab, bv, __uint_as_float(d[0]), random, d[4], top_p,
+                                        min_p, wsum, &warp_s);
+            if (threadIdx.x == 0) picked[blockIdx.x] = t;
+            return;
+        }
+    }
     // The draw. Warp w sums the weights of its segment [w sg, w sg + sg) of the row in steps
     // of 32 e values (a lane's e = 4 consecutive ones: float4 loads, coalesced; e = 1 where
     // the row is not float4-aligned); thread 0 finds the segment where the running sum passes

@@ -95,19 +95,20 @@ struct DevLogits {
 }
 
 /// The room a logits row's pick takes on the device, in u32: `[rows, 4]` RowArgmax words,
-/// then `[rows]` picked tokens (read back together), then `[rows, 4]` draws (written).
-const PICK_WORDS: usize = 9;
+/// then `[rows]` picked tokens (read back together), then `[rows, 8]` draws (written).
+const PICK_WORDS: usize = 13;
 
 /// Whether a step with rows handed back whole ([`RowDraw::Whole`]) picks the other rows on
-/// the device and copies only those (`MLASERVE_PICK_WHOLE_ROWS=1`, written in session 29 and
-/// not yet run on a GPU: bench/cuda/s30-first.sh), or copies every row and picks on the host
-/// (default; the engine then takes such steps' logits whole: `Executor::picks_whole_rows`).
+/// the device and copies only the whole rows (default; checked against the host's picks on an
+/// H200 in session 31: bench/cuda/v2lite.md), or copies every row and picks on the host
+/// (`MLASERVE_PICK_WHOLE_ROWS=0`; the engine then takes such steps' logits whole:
+/// `Executor::picks_whole_rows`).
 fn pick_whole_rows() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MLASERVE_PICK_WHOLE_ROWS").is_ok_and(|v| v == "1"))
+    *ON.get_or_init(|| std::env::var("MLASERVE_PICK_WHOLE_ROWS").map_or(true, |v| v != "0"))
 }
 
-/// The draws as [`Gpu::logits_pick`] reads them, `[rows, 4]` u32; empty when every row is
+/// The draws as [`Gpu::logits_pick`] reads them, `[rows, 8]` u32; empty when every row is
 /// greedy (the kernel then reads none).
 pub fn draw_words(draws: &[RowDraw]) -> Vec<u32> {
     if draws
@@ -119,16 +120,20 @@ pub fn draw_words(draws: &[RowDraw]) -> Vec<u32> {
     draws
         .iter()
         .flat_map(|d| match *d {
-            RowDraw::Argmax | RowDraw::Whole => [0; 4],
+            RowDraw::Argmax | RowDraw::Whole => [0; 8],
             RowDraw::Softmax {
                 inv_temperature,
                 random,
-                .. // no filter: forward_picks takes filtered draws on the host
+                filter,
             } => [
                 inv_temperature.to_bits(),
                 random as u32,
                 (random >> 32) as u32,
                 1,
+                filter.top_k,
+                filter.top_p.to_bits(),
+                filter.min_p.to_bits(),
+                0,
             ],
         })
         .collect()
@@ -1627,16 +1632,10 @@ impl Executor for CudaExecutor {
         out: &mut Vec<RowPick>,
         whole: &mut Vec<f32>,
     ) -> std::result::Result<(), ModelError> {
-        let filtered = draws
-            .iter()
-            .any(|d| matches!(d, RowDraw::Softmax { filter, .. } if !filter.is_none()));
         let whole_rows = !pick_whole_rows() && draws.contains(&RowDraw::Whole);
-        if probe::active() || filtered || whole_rows {
-            // Probes and dumps see the logits as every other step shows them. Draws with
-            // top-k / top-p / min-p are picked from the whole rows on the host: `logits_pick`
-            // draws over every token (its filtered version is bench/cuda/pick-filtered-s29.patch,
-            // not yet run on a GPU). Steps with rows handed back whole copy every row until
-            // `deliver`'s copies of those rows alone have run on a GPU (pick_whole_rows).
+        if probe::active() || whole_rows {
+            // Probes and dumps see the logits as every other step shows them; steps with rows
+            // handed back whole copy every row where pick_whole_rows is off.
             let mut logits = std::mem::take(&mut self.host_logits);
             let r = self.forward_into(batch, &mut logits).and_then(|_| {
                 let vocab = self.model.config().vocab_size;

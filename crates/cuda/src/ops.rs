@@ -262,8 +262,10 @@ impl Gpu {
     /// Each of `rows` logits rows (`[rows, vocab]` f32 at `logits`) reduced to its token
     /// (`mlaserve_model::RowPick::of`; elementwise.cu): `out` holds `rows` x 4 u32, each row's
     /// `RowArgmax` as [token, max bits, first bad index or u32::MAX, its bits]; `picked` `rows`
-    /// u32, the token each row's draw chose. `draws`: 0 (every row greedy) or `rows` x 4 u32
-    /// [1/temperature bits, random low word, random high word, 1 (0: greedy)]. `logits`
+    /// u32, the token each row's draw chose. `draws`: 0 (every row greedy) or `rows` x 8 u32
+    /// [1/temperature bits, random low word, random high word, 1 (0: greedy), top_k, top_p
+    /// bits, min_p bits, 0] (the executor's `draw_words`); a row drawn with a filter is
+    /// overwritten with its probabilities. `logits`
     /// 16-byte aligned when `vocab % 4 == 0` (the kernel loads float4s; arena and driver
     /// allocations are).
     pub fn logits_pick(

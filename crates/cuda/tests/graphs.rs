@@ -183,9 +183,10 @@ fn device_picks_are_the_picks_of_the_logits() {
         let long: Vec<u32> = (0..40).map(|i| (i * 7 % 50 + 3) as u32).collect();
         let prompts = vec![long, vec![5, 9, 11], vec![17, 4], vec![3]];
         let steps = [12, 6, 9, 3];
-        // row r of step s: greedy every third row, else a draw at one of three temperatures;
-        // in odd steps rows 0, 1 and 3 handed back whole instead (two runs of them: picked on
-        // the device with MLASERVE_PICK_WHOLE_ROWS=1, else the step's rows all on the host)
+        // row r of step s: greedy every third row, else a draw at one of three temperatures,
+        // every other one with top-k 20 and top-p 0.9; in odd steps rows 0, 1 and 3 handed
+        // back whole instead (two runs of them: picked on the device by
+        // default, the step's rows all on the host with MLASERVE_PICK_WHOLE_ROWS=0)
         let draws = |s: usize, rows: usize| -> Vec<RowDraw> {
             (0..rows)
                 .map(|r| match (s + r) % 3 {
@@ -194,7 +195,14 @@ fn device_picks_are_the_picks_of_the_logits() {
                     k => RowDraw::Softmax {
                         inv_temperature: [1.0, 0.7, 2.0][(s + k) % 3],
                         random: ((s * 31 + r) as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
-                        filter: Filter::NONE,
+                        filter: match (s + r) % 2 {
+                            0 => Filter::NONE,
+                            _ => Filter {
+                                top_k: 20,
+                                top_p: 0.9,
+                                min_p: 0.0,
+                            },
+                        },
                     },
                 })
                 .collect()

@@ -3523,8 +3523,30 @@ fn logits_pick(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 _ => {}
             }
         }
-        let xd = gpu.upload(&x).unwrap();
-        for drawn in [false, true] {
+        for (drawn, filtered) in [(false, false), (true, false), (true, true)] {
+            let r4 = |rng: &mut Rng| rng.below(4);
+            let xd = gpu.upload(&x).unwrap(); // filtered draws overwrite their rows
+                                              // filters by row: none, top-k, top-p, min-p, all three
+            let filters = [
+                Filter::NONE,
+                Filter {
+                    top_k: [1, 7, 50, 5_000][r4(rng)],
+                    ..Filter::NONE
+                },
+                Filter {
+                    top_p: [0.3, 0.9, 0.95, 0.999][r4(rng)],
+                    ..Filter::NONE
+                },
+                Filter {
+                    min_p: [0.01, 0.1, 0.5, 1.0][r4(rng)],
+                    ..Filter::NONE
+                },
+                Filter {
+                    top_k: 40,
+                    top_p: 0.9,
+                    min_p: 0.02,
+                },
+            ];
             let draws: Vec<RowDraw> = (0..rows)
                 .map(|r| match drawn && r % 5 != 4 {
                     false => RowDraw::Argmax,
@@ -3536,7 +3558,11 @@ fn logits_pick(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                         } else {
                             (rng.below(1 << 30) as u64) << 34 | rng.below(1 << 30) as u64
                         },
-                        filter: Filter::NONE,
+                        filter: if filtered {
+                            filters[(r / 2) % 5]
+                        } else {
+                            Filter::NONE
+                        },
                     },
                 })
                 .collect();

@@ -85,13 +85,11 @@ impl SamplingParams {
         self.temperature < GREEDY_EPSILON
     }
 
-    /// Whether a device picks this row's token from the row alone
-    /// ([`mlaserve_model::RowPick`]): greedy or at a temperature alone (no top-k, top-p or
-    /// min-p: the GPU's kernel draws over every token), no penalty, no logprobs.
+    /// Whether a device can pick this row's token from the row alone
+    /// ([`mlaserve_model::RowPick`]): greedy or sampling (with any temperature, top-k, top-p
+    /// and min-p), no penalty, no logprobs.
     pub fn draws_on_device(&self) -> bool {
-        self.logprobs.is_none()
-            && !self.is_penalized()
-            && (self.is_greedy() || self.filter().is_none())
+        self.logprobs.is_none() && !self.is_penalized()
     }
 
     /// The device's draw for the next token ([`SamplingParams::draws_on_device`] rows): the

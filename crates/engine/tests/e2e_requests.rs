@@ -389,8 +389,8 @@ fn step_times_split_prefill_from_decode_steps() {
     }
 }
 
-/// The model runner asks the executor for device picks of the rows that are greedy or at a
-/// temperature alone, and for the whole logits of the others (top-k, top-p, logprobs, a
+/// The model runner asks the executor for device picks of the rows that are greedy or a
+/// draw (with top-k/top-p/min-p or not), and for the whole logits of the others (logprobs, a
 /// penalty): a greedy row beside any of them is still picked. The picked rows are the whole
 /// rows' argmaxes.
 #[test]
@@ -490,7 +490,10 @@ fn a_steps_rows_are_picked_on_the_device_unless_they_need_their_whole_row() {
         assert_eq!(out.seqs.len(), 2, "{name}: both prompts in one step");
         let step = runner.run(&out, &sched).unwrap();
         assert_eq!(*calls.lock().unwrap(), ["picks"], "{name}");
-        let picked_only = matches!(name, "greedy" | "temperature" | "greedy top-k");
+        let picked_only = matches!(
+            name,
+            "greedy" | "temperature" | "greedy top-k" | "top-p" | "top-k"
+        );
         let StepRows::Picks { picks, .. } = &step.rows else {
             panic!("{name}: not picked");
         };

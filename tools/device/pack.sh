@@ -12,7 +12,8 @@
 #   OLD_PROFILE=path tools/device/pack.sh  # a baseline decode_profile, as decode_profile_old
 #                                          # (replays of two builds in one run); OLD_QGEMV
 #                                          # the same for the qgemv lab; LABS=0 leaves
-#                                          # out the qgemv and grid_barrier labs to make room
+#                                          # out the qgemv, grid_barrier and logits_pick labs to
+#                                          # make room
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 pkg=$(mktemp -d)
@@ -21,7 +22,7 @@ for b in ops e2e graphs; do
     cp "$f" "$pkg/$b"
 done
 cp target/release/mlaserve target/release/examples/{decode_profile,synth_model} "$pkg/"
-if [ "${LABS:-1}" != 0 ]; then cp target/release/examples/{qgemv,grid_barrier} "$pkg/"; fi
+if [ "${LABS:-1}" != 0 ]; then cp target/release/examples/{qgemv,grid_barrier,logits_pick} "$pkg/"; fi
 if [ $# -ge 1 ]; then cp "$1" "$pkg/mlaserve_old"; fi
 if [ -n "${OLD_PROFILE:-}" ]; then cp "$OLD_PROFILE" "$pkg/decode_profile_old"; fi
 if [ -n "${OLD_QGEMV:-}" ]; then cp "$OLD_QGEMV" "$pkg/qgemv_old"; fi

@@ -299,11 +299,36 @@ __device__ __forceinline__ unsigned long long warp_incl_u64(unsigned long long v
     return v;
 }
 // ---- drawing with top-k / top-p / min-p (mlaserve_model::draw::filtered), a block a row ----
-// Sum of f(i) over i in [0, n), in every thread. red: 32 words of shared memory.
+// Calls g(i, row[i]) for this thread's share of i in [0, n) — float4 loads where n % 4 == 0
+// (rows then 16-byte aligned) — in a loop whose trip count is the same in every thread
+// (warp-converged: g may use warp intrinsics); v is false for the i >= n a trip pads with.
+template <class G>
+__device__ __forceinline__ void row_trips(const float* row, int n, G g) {
+    if ((n & 3) == 0) {
+        for (int base = 0; base < n; base += 4 * blockDim.x) {
+            const int j = base + 4 * threadIdx.x;
+            float4 q = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (j < n) q = *reinterpret_cast<const float4*>(row + j);
+            g(j, q.x, j < n);
+            g(j + 1, q.y, j < n);
+            g(j + 2, q.z, j < n);
+            g(j + 3, q.w, j < n);
+        }
+    } else {
+        for (int base = 0; base < n; base += blockDim.x) {
+            const int i = base + threadIdx.x;
+            g(i, i < n ? row[i] : 0.0f, i < n);
+        }
+    }
+}
+// Sum of f(i, row[i]) over i in [0, n), in every thread. red: 32 words of shared memory.
 template <class F>
-__device__ unsigned long long block_sum_u64(int n, F f, unsigned long long* red) {
+__device__ unsigned long long block_sum_u64(const float* row, int n, F f,
+                                            unsigned long long* red) {
     unsigned long long s = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) s += f(i);
+    row_trips(row, n, [&](int i, float p, bool v) {
+        if (v) s += f(i, p);
+    });
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     __syncthreads();  // red's last readers are done
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
@@ -354,66 +379,140 @@ __device__ int block_find(int n, F f, unsigned long long thr, unsigned long long
     __syncthreads();  // found's readers done before its next write
     return r;
 }
-// The largest key v (the bits of a probability: monotone for p >= 0) whose
-// S(v) = sum of f(i, p) over the i with key >= v reaches target (S(0) must), by bisection over
-// [0, bits of 1.0]; above = S(v + 1).
+// Scratch in shared memory for pick_filtered's radix selects.
+struct RadixScratch {
+    unsigned lo[1024], hi[1024];  // a digit's bins: 64-bit sums as two words (hist_add)
+    unsigned long long above;     // the selected bin's S above it
+    unsigned prefix;              // the digits selected so far
+};
+// rs's bin += v, exactly, by 32-bit atomics with the carry counted once: sm_90 has no native
+// 64-bit add in shared memory (a u64 atomicAdd there is a compare-and-swap spin; the two
+// native adds timed the same at one row: bench/cuda/v2lite.md, session 31).
+__device__ __forceinline__ void hist_add(RadixScratch* rs, unsigned bin, unsigned long long v) {
+    const unsigned lo = (unsigned)v;
+    const unsigned old = atomicAdd(&rs->lo[bin], lo);
+    const unsigned hi = (unsigned)(v >> 32) + (old + lo < old ? 1u : 0u);
+    if (hi) atomicAdd(&rs->hi[bin], hi);
+}
+__device__ __forceinline__ unsigned long long hist_bin(const RadixScratch* rs, int b) {
+    return ((unsigned long long)rs->hi[b] << 32) | rs->lo[b];
+}
+// The largest key v (the bits of a probability: monotone for p >= 0, at most 0x3F800000 <
+// 2^30) whose S(v) = sum of f(i, p) over the i with key >= v reaches target (S(0) must), by a
+// radix select over the key's three 10-bit digits (bits 29-20, 19-10, 9-0): a pass over the
+// row each, summing f into the bins of the keys that match the digits selected so far, then
+// the highest bin where S, summed from the top, reaches target; above = S(v + 1). Sums are
+// integers, so the bins' atomic adds in any order give bisection's v exactly.
 template <class F>
-__device__ unsigned bisect_key(int n, const float* prob, F f, unsigned long long target,
-                               unsigned long long& above, unsigned long long* red) {
-    unsigned lo = 0u, hi = 0x3F800001u;
-    unsigned long long s_hi = 0;
-    while (hi - lo > 1) {
-        const unsigned mid = lo + (hi - lo) / 2;
-        const unsigned long long s = block_sum_u64(
-            n,
-            [&](int i) {
-                const float p = prob[i];
-                return __float_as_uint(p) >= mid ? f(i, p) : 0ull;
-            },
-            red);
-        if (s >= target) {
-            lo = mid;
-        } else {
-            hi = mid;
-            s_hi = s;
+__device__ unsigned radix_key(int n, const float* prob, F f, unsigned long long target,
+                              unsigned long long& above, unsigned long long* red,
+                              RadixScratch* rs) {
+    const int nb = 1024, t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const int c = (nb + (int)blockDim.x - 1) / (int)blockDim.x;  // bins a thread, from the top
+    unsigned prefix = 0;
+    unsigned long long ab = 0;  // S over the keys whose selected digits exceed prefix
+#ifdef PICK_LAB_NO_RADIX  // lab only (wrong picks): the draw's other passes alone
+    above = 0;
+    return 0;
+#endif
+    for (int shift = 20; shift >= 0; shift -= 10) {
+        for (int b = t; b < nb; b += blockDim.x) rs->lo[b] = rs->hi[b] = 0;
+        __syncthreads();
+#ifdef PICK_LAB_NO_ATOMICS
+        unsigned long long sink = 0;
+#endif
+        row_trips(prob, n, [&](int i, float p, bool v) {
+            const unsigned key = __float_as_uint(p);
+            unsigned bin = 0xffffffffu;  // none
+            unsigned long long x = 0;
+            if (v && (key >> (shift + 10)) == prefix) {
+                x = f(i, p);
+                if (x) bin = (key >> shift) & (nb - 1);
+            }
+#if defined(PICK_LAB_NO_ATOMICS)  // lab only (wrong picks): the pass without its atomics
+            sink += x + bin;
+#elif __CUDA_ARCH__ >= 800 && !defined(PICK_LAB_NO_MATCH)
+            // one atomic a bin a warp: x < 2^41 summed in 20-bit halves (32 lanes: < 2^26)
+            const unsigned grp = __match_any_sync(0xffffffffu, bin);
+            if (bin != 0xffffffffu) {
+                const unsigned lo = __reduce_add_sync(grp, (unsigned)(x & 0xfffffu));
+                const unsigned hi = __reduce_add_sync(grp, (unsigned)(x >> 20));
+                if (lane == __ffs(grp) - 1) hist_add(rs, bin, ((unsigned long long)hi << 20) + lo);
+            }
+#else
+            if (bin != 0xffffffffu) hist_add(rs, bin, x);
+#endif
+        });
+#ifdef PICK_LAB_NO_ATOMICS
+        if (sink == 1ull) rs->lo[0] = 1u;  // kept: the pass's loads and tests stay
+#endif
+        __syncthreads();
+        unsigned long long local = 0;
+        for (int j = 0; j < c; ++j) {
+            const int b = nb - 1 - (t * c + j);
+            if (b >= 0) local += hist_bin(rs, b);
         }
+        const unsigned long long incl = warp_incl_u64(local, lane);
+        if (lane == 31) red[warp] = incl;
+        __syncthreads();
+        unsigned long long run = ab + incl - local;  // S of the bins above this thread's
+        for (int w = 0; w < warp; ++w) run += red[w];
+        if (run < target && run + local >= target) {  // the one thread whose bins reach it
+            for (int j = 0; j < c; ++j) {
+                const int b = nb - 1 - (t * c + j);
+                if (b < 0) break;
+                if (run + hist_bin(rs, b) >= target) {
+                    rs->prefix = (prefix << 10) | (unsigned)b;
+                    rs->above = run;
+                    break;
+                }
+                run += hist_bin(rs, b);
+            }
+        }
+        __syncthreads();
+        prefix = rs->prefix;
+        ab = rs->above;
+        __syncthreads();  // rs's and red's readers done before the next writes
     }
-    above = s_hi;
-    return lo;
+    above = ab;
+    return prefix;
 }
 __device__ __forceinline__ unsigned long long prob_weight(float p) {
     return (unsigned long long)__fmul_rn(p, 1099511627776.0f);
 }
 // One draw over the tokens mlaserve_model::draw::filtered keeps: the row (logits, max mx) is
-// overwritten with its probabilities; min-p, then top-k by a count bisection over the keys
-// and the ties' id cut, then top-p by a weight bisection and its ties' cut, then the draw.
+// overwritten with its probabilities; min-p, then top-k by a count radix select over the keys
+// and the ties' id cut, then top-p by a weight radix select and its ties' cut, then the draw.
 __device__ int pick_filtered(float* row, int n, float mx, float inv_t, unsigned long long random,
                              unsigned top_k, float top_p, float min_p, unsigned long long* red,
-                             int* found) {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) row[i] = softmax_prob(row[i], mx, inv_t);
-    __syncthreads();
+                             int* found, RadixScratch* rs) {
     const float* prob = row;
     const float min_keep = min_p > 0.0f ? min_p : 0.0f;
     auto k0 = [=](float p) { return p > 0.0f && p >= min_keep; };
+    // the probabilities written over the logits, counting those min-p keeps
+    const unsigned long long n0 = block_sum_u64(
+        row, n,
+        [&](int i, float l) {
+            const float p = softmax_prob(l, mx, inv_t);
+            row[i] = p;
+            return k0(p) ? 1ull : 0ull;
+        },
+        red);
     bool use_k = false;
     unsigned vk = 0;
     int cut_k = -1;
-    if (top_k != 0u) {
-        const unsigned long long n0 =
-            block_sum_u64(n, [&](int i) { return k0(prob[i]) ? 1ull : 0ull; }, red);
-        if ((unsigned long long)top_k < n0) {
-            use_k = true;
-            unsigned long long above;
-            vk = bisect_key(n, prob, [&](int, float p) { return k0(p) ? 1ull : 0ull; }, top_k,
-                            above, red);
-            cut_k = block_find(
-                n,
-                [&](int i) {
-                    const float p = prob[i];
-                    return k0(p) && __float_as_uint(p) == vk ? 1ull : 0ull;
-                },
-                top_k - above - 1, red, found);
-        }
+    if (top_k != 0u && (unsigned long long)top_k < n0) {
+        use_k = true;
+        unsigned long long above;
+        vk = radix_key(n, prob, [&](int, float p) { return k0(p) ? 1ull : 0ull; }, top_k, above,
+                       red, rs);
+        cut_k = block_find(
+            n,
+            [&](int i) {
+                const float p = prob[i];
+                return k0(p) && __float_as_uint(p) == vk ? 1ull : 0ull;
+            },
+            top_k - above - 1, red, found);
     }
     auto k1 = [=](int i, float p) {
         const unsigned key = __float_as_uint(p);
@@ -424,14 +523,14 @@ __device__ int pick_filtered(float* row, int n, float mx, float inv_t, unsigned 
     int cut_p = -1;
     if (use_p) {
         const unsigned long long total = block_sum_u64(
-            n, [&](int i) { return k1(i, prob[i]) ? prob_weight(prob[i]) : 0ull; }, red);
+            prob, n, [&](int i, float p) { return k1(i, p) ? prob_weight(p) : 0ull; }, red);
         // mlaserve_model::draw::nucleus_target
         unsigned long long target =
             (unsigned long long)ceil(__dmul_rn((double)top_p, __ull2double_rn(total)));
         target = max(min(target, total), 1ull);  // draw::rank_cut's need.max(1)
         unsigned long long above;
-        vp = bisect_key(n, prob, [&](int i, float p) { return k1(i, p) ? prob_weight(p) : 0ull; },
-                        target, above, red);
+        vp = radix_key(n, prob, [&](int i, float p) { return k1(i, p) ? prob_weight(p) : 0ull; },
+                       target, above, red, rs);
         cut_p = block_find(
             n,
             [&](int i) {
@@ -444,12 +543,10 @@ __device__ int pick_filtered(float* row, int n, float mx, float inv_t, unsigned 
         const unsigned key = __float_as_uint(p);
         return k1(i, p) && (!use_p || key > vp || (key == vp && i <= cut_p));
     };
-    auto w2 = [&](int i) {
-        const float p = prob[i];
-        return k2(i, p) ? prob_weight(p) : 0ull;
-    };
-    const unsigned long long total = block_sum_u64(n, w2, red);
-    return block_find(n, w2, __umul64hi(random, total), red, found);
+    auto w2 = [&](int i, float p) { return k2(i, p) ? prob_weight(p) : 0ull; };
+    const unsigned long long total = block_sum_u64(prob, n, w2, red);
+    return block_find(n, [&](int i) { return w2(i, prob[i]); }, __umul64hi(random, total), red,
+                      found);
 }
 extern "C" __global__ void logits_pick(float* logits, int vocab, const unsigned* draws,
                                        uint4* out, unsigned* picked) {
@@ -458,6 +555,7 @@ extern "C" __global__ void logits_pick(float* logits, int vocab, const unsigned*
     __shared__ unsigned si[32], sb[32];
     __shared__ unsigned long long wsum[32], rem_s;
     __shared__ int warp_s;
+    __shared__ RadixScratch rs;
     float* row = logits + (i64)blockIdx.x * vocab;
     float bv = -INFINITY;
     unsigned bi = 0xffffffffu, badi = 0xffffffffu;
@@ -499,7 +597,7 @@ extern "C" __global__ void logits_pick(float* logits, int vocab, const unsigned*
         if (!(d[4] == 0u && top_p >= 1.0f && min_p <= 0.0f)) {
             const unsigned long long random = ((unsigned long long)d[2] << 32) | d[1];
             const int t = pick_filtered(row, vocab, bv, __uint_as_float(d[0]), random, d[4], top_p,
-                                        min_p, wsum, &warp_s);
+                                        min_p, wsum, &warp_s, &rs);
             if (threadIdx.x == 0) picked[blockIdx.x] = t;
             return;
         }

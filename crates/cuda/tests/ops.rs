@@ -3468,8 +3468,9 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
 
 /// Logits rows reduced to their pick on the device (`logits_pick`, what greedy and
 /// temperature-only steps ship to the host): every field of `RowPick::of` each row — the
-/// argmax's and the drawn token, bit for bit — with every row greedy (no draws) and with
-/// draws at temperatures 0.3-2 (a greedy row among them), over vocabularies whose rows load
+/// argmax's and the drawn token, bit for bit — with every row greedy (no draws), with
+/// draws at temperatures 0.3-2 (a greedy row among them), and with those draws under top-k,
+/// top-p, min-p and all three, over vocabularies whose rows load
 /// as float4 and as scalars, with ties, signed zeros, masked (-inf) rows and values, NaN and
 /// +inf anywhere. The error is the number of rows that differ.
 fn logits_pick(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
@@ -3588,7 +3589,11 @@ fn logits_pick(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 "logits_pick",
                 format!(
                     "rows{rows} V{vocab} {}",
-                    if drawn { "drawn" } else { "greedy" }
+                    match (drawn, filtered) {
+                        (false, _) => "greedy",
+                        (true, false) => "drawn",
+                        (true, true) => "drawn, filtered",
+                    }
                 ),
                 "f32>u32",
                 differ as f64,

@@ -6,8 +6,11 @@
 # and tests kept, picks WRONG), without the warp aggregation (-DPICK_LAB_NO_MATCH: an atomic
 # a lane), and without the selects at all (-DPICK_LAB_NO_RADIX: the draw's other passes).
 # The variants compile side by side first (--warm), then run one at a time.
-#   build, tools/device/pack.sh (LABS=1: the lab is ~0.4 MB), cp this .device/next.sh,
-#   run with carry [".device"].
+#   cargo build --release -p mlaserve-cuda --example logits_pick
+#   rm -rf .device/pkg && mkdir -p .device/pkg /tmp/pk && cp target/release/examples/logits_pick /tmp/pk/ \
+#     && strip /tmp/pk/logits_pick && (cd /tmp/pk && XZ_OPT=-9e tar -cJf "$OLDPWD/.device/pkg/bins.tar.xz" logits_pick)
+#   cp bench/cuda/s32-first.sh .device/next.sh; run `bash .device/next.sh` with carry [".device"]
+#   (the lab alone is ~0.4 MB; the carry limit counts the tracked tree too). ~4 minutes.
 set -u
 mkdir -p .device/bin && tar -xJf .device/pkg/bins.tar.xz -C .device/bin
 B=$PWD/.device/bin; export MLASERVE_KERNEL_CACHE=/tmp/kc; L=$OUT/first.txt

@@ -380,22 +380,33 @@ __device__ int block_find(int n, F f, unsigned long long thr, unsigned long long
     return r;
 }
 // Scratch in shared memory for pick_filtered's radix selects.
+// PICK_GROUPS copies of the bins, warp w adding into copy w % PICK_GROUPS (1: one histogram;
+// the lab define -DPICK_LAB_GROUPS=N gives N, fewer warps contending for each bin).
+#ifdef PICK_LAB_GROUPS
+#define PICK_GROUPS PICK_LAB_GROUPS
+#else
+#define PICK_GROUPS 1
+#endif
 struct RadixScratch {
-    unsigned lo[1024], hi[1024];  // a digit's bins: 64-bit sums as two words (hist_add)
-    unsigned long long above;     // the selected bin's S above it
-    unsigned prefix;              // the digits selected so far
+    unsigned lo[PICK_GROUPS][1024], hi[PICK_GROUPS][1024];  // 64-bit sums as two words
+    unsigned long long above;  // the selected bin's S above it
+    unsigned prefix;           // the digits selected so far
 };
 // rs's bin += v, exactly, by 32-bit atomics with the carry counted once: sm_90 has no native
 // 64-bit add in shared memory (a u64 atomicAdd there is a compare-and-swap spin; the two
 // native adds timed the same at one row: bench/cuda/v2lite.md, session 31).
 __device__ __forceinline__ void hist_add(RadixScratch* rs, unsigned bin, unsigned long long v) {
+    const int g = (threadIdx.x >> 5) % PICK_GROUPS;
     const unsigned lo = (unsigned)v;
-    const unsigned old = atomicAdd(&rs->lo[bin], lo);
+    const unsigned old = atomicAdd(&rs->lo[g][bin], lo);
     const unsigned hi = (unsigned)(v >> 32) + (old + lo < old ? 1u : 0u);
-    if (hi) atomicAdd(&rs->hi[bin], hi);
+    if (hi) atomicAdd(&rs->hi[g][bin], hi);
 }
 __device__ __forceinline__ unsigned long long hist_bin(const RadixScratch* rs, int b) {
-    return ((unsigned long long)rs->hi[b] << 32) | rs->lo[b];
+    unsigned long long s = 0;
+    for (int g = 0; g < PICK_GROUPS; ++g)
+        s += ((unsigned long long)rs->hi[g][b] << 32) | rs->lo[g][b];
+    return s;
 }
 // The largest key v (the bits of a probability: monotone for p >= 0, at most 0x3F800000 <
 // 2^30) whose S(v) = sum of f(i, p) over the i with key >= v reaches target (S(0) must), by a
@@ -416,7 +427,8 @@ __device__ unsigned radix_key(int n, const float* prob, F f, unsigned long long 
     return 0;
 #endif
     for (int shift = 20; shift >= 0; shift -= 10) {
-        for (int b = t; b < nb; b += blockDim.x) rs->lo[b] = rs->hi[b] = 0;
+        for (int b = t; b < nb; b += blockDim.x)
+            for (int g = 0; g < PICK_GROUPS; ++g) rs->lo[g][b] = rs->hi[g][b] = 0;
         __syncthreads();
 #ifdef PICK_LAB_NO_ATOMICS
         unsigned long long sink = 0;
@@ -444,7 +456,7 @@ __device__ unsigned radix_key(int n, const float* prob, F f, unsigned long long 
 #endif
         });
 #ifdef PICK_LAB_NO_ATOMICS
-        if (sink == 1ull) rs->lo[0] = 1u;  // kept: the pass's loads and tests stay
+        if (sink == 1ull) rs->lo[0][0] = 1u;  // kept: the pass's loads and tests stay
 #endif
         __syncthreads();
         unsigned long long local = 0;

@@ -3601,4 +3601,94 @@ fn logits_pick(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             );
         }
     }
+    logits_pick_random_filters(gpu, rng, rep);
+}
+
+/// Every row drawn under random filters (`logits_pick`'s radix selects and cuts): top-k from
+/// 1 to past the row's kept count, top-p from 1e-30 to just under 1, min-p up to 1, any
+/// combination, at temperatures 0.05-5, on rows of odd and small vocabularies too, plain
+/// random, bf16-rounded (many ties), all equal, or mostly masked. The error is the number of
+/// rows whose drawn token differs from `RowPick::of`'s.
+fn logits_pick_random_filters(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
+    use mlaserve_model::{Filter, RowDraw, RowPick};
+    for &(rows, vocab) in &[
+        (64, 7),
+        (64, 33),
+        (64, 1_001),
+        (32, 4_099),
+        (32, 32_000),
+        (16, 102_400),
+    ] {
+        let mut x = vec![0f32; rows * vocab];
+        for r in 0..rows {
+            let row = &mut x[r * vocab..][..vocab];
+            let scale = [0.1f32, 1.0, 4.0, 16.0][r % 4];
+            for v in row.iter_mut() {
+                *v = rng.f() * scale;
+            }
+            match (r / 4) % 4 {
+                1 => row.iter_mut().for_each(|v| *v = unbf(bf(*v))), // ties
+                2 if r % 8 == 0 => row.fill(0.5),                    // all equal
+                3 => {
+                    for v in row.iter_mut() {
+                        if rng.below(4) != 0 {
+                            *v = f32::NEG_INFINITY; // mostly masked
+                        }
+                    }
+                    row[rng.below(vocab)] = 1.0; // one kept at least
+                }
+                _ => {}
+            }
+        }
+        let draws: Vec<RowDraw> = (0..rows)
+            .map(|_| {
+                let top_k = match rng.below(4) {
+                    0 => 0,
+                    1 => 1 + rng.below(4) as u32,
+                    2 => 1 + rng.below(vocab + 8) as u32,
+                    _ => 1 + rng.below(64) as u32,
+                };
+                let top_p = match rng.below(5) {
+                    0 | 1 => 1.0,
+                    2 => 1e-30,
+                    3 => 0.99999994,
+                    _ => 0.05 + 0.9 * (rng.f() * 0.5 + 0.5),
+                };
+                let min_p = match rng.below(5) {
+                    0 | 1 => 0.0,
+                    2 => 1.0,
+                    _ => 0.3 * (rng.f() * 0.5 + 0.5),
+                };
+                RowDraw::Softmax {
+                    inv_temperature: [1.0f32, 20.0, 0.2, 1.3][rng.below(4)],
+                    random: rng.next_u64(),
+                    filter: Filter {
+                        top_k,
+                        top_p,
+                        min_p,
+                    },
+                }
+            })
+            .collect();
+        let xd = gpu.upload(&x).unwrap();
+        let words = mlaserve_cuda::executor::draw_words(&draws);
+        let dd = gpu.upload(&words).unwrap();
+        let out = poisoned::<u32>(gpu, rows * 5);
+        let at = |k: usize| out.ptr() + 4 * k as u64;
+        gpu.logits_pick(rows, xd.ptr(), vocab, dd.ptr(), at(0), at(rows * 4))
+            .unwrap();
+        let w = gpu.to_host(&out).unwrap();
+        let differ = (0..rows)
+            .filter(|&r| {
+                w[rows * 4 + r] != RowPick::of(&x[r * vocab..][..vocab], draws[r]).token_id
+            })
+            .count();
+        rep.check(
+            "logits_pick",
+            format!("rows{rows} V{vocab} random filters"),
+            "f32>u32",
+            differ as f64,
+            0.0,
+        );
+    }
 }

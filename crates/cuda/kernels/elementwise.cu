@@ -233,8 +233,9 @@ extern "C" __global__ void add_rows_indexed(float* dst, const float* src, const 
 // draw by mlaserve_model::draw's integer weights with draws[8r..8r+8] = {1/temperature bits,
 // the random u64's low word, its high word, 1, top_k (0: off), top_p bits (>= 1: off), min_p
 // bits (<= 0: off), 0} (a row with NaN / +inf or nothing above -inf: the argmax). A row drawn
-// with a filter is overwritten with its probabilities (pick_filtered).  logits [rows, vocab] f32, 16-byte aligned where vocab % 4 == 0 (float4 loads).
-// grid (rows), block 1024 (a multiple of 32).
+// with a filter is overwritten with its probabilities (pick_filtered). logits [rows, vocab]
+// f32, 16-byte aligned where vocab % 4 == 0 (float4 loads). grid (rows), block 1024 (a
+// multiple of 32).
 __device__ __forceinline__ void argmax_take(float v, unsigned i, float& bv, unsigned& bi,
                                             unsigned& badi) {
     if (isnan(v) || v == INFINITY) {

@@ -3466,8 +3466,8 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     }
 }
 
-/// Logits rows reduced to their pick on the device (`logits_pick`, what greedy and
-/// temperature-only steps ship to the host): every field of `RowPick::of` each row — the
+/// Logits rows reduced to their pick on the device (`logits_pick`, what steps without
+/// penalties or logprobs ship to the host): every field of `RowPick::of` each row — the
 /// argmax's and the drawn token, bit for bit — with every row greedy (no draws), with
 /// draws at temperatures 0.3-2 (a greedy row among them), and with those draws under top-k,
 /// top-p, min-p and all three, over vocabularies whose rows load
@@ -3526,8 +3526,9 @@ fn logits_pick(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         }
         for (drawn, filtered) in [(false, false), (true, false), (true, true)] {
             let r4 = |rng: &mut Rng| rng.below(4);
-            let xd = gpu.upload(&x).unwrap(); // filtered draws overwrite their rows
-                                              // filters by row: none, top-k, top-p, min-p, all three
+            // filtered draws overwrite their rows: a fresh copy each pass
+            let xd = gpu.upload(&x).unwrap();
+            // filters by row: none, top-k, top-p, min-p, all three
             let filters = [
                 Filter::NONE,
                 Filter {

@@ -1,7 +1,7 @@
 //! `ModelRunner`: owns the executor (the model and its latent cache, on whatever device);
 //! turns a schedule into one `ForwardBatch`, runs it, and hands back one logits row per
-//! sequence that wanted one — or, when any such sequence samples greedily or at a
-//! temperature alone (no penalties, logprobs, top-k/top-p/min-p), each of those rows' token
+//! sequence that wanted one — or, when any such sequence samples greedily or by a draw
+//! (temperature, top-k, top-p, min-p; no penalties or logprobs), each of those rows' token
 //! picked on the device ([`Executor::forward_picks`]: 20 bytes a row cross to the host
 //! instead of 400 KB at a 102,400-token vocabulary; the token is the one the host sampler
 //! would draw, bit for bit) and only the other rows whole. `MLASERVE_DEVICE_SAMPLING=0`

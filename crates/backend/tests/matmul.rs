@@ -258,6 +258,31 @@ fn simd_equals_scalar() {
     }
 }
 
+/// The AVX-512 Q4_K/Q5_K kernels take rows eight at a time but keep each row the scalar
+/// vec_dot's arithmetic: equal bits whatever the row count, token count or threading.
+#[test]
+fn avx512_k_quants_are_scalar_bit_for_bit() {
+    if !Isa::Avx512.is_available() {
+        eprintln!("no AVX-512 on this CPU: nothing to compare");
+        return;
+    }
+    let mut rng = Rng::new(11);
+    for ty in [GgmlType::Q4_K, GgmlType::Q5_K] {
+        for (rows, cols) in [(8, 256), (21, 768), (203, 5120)] {
+            let w = random_matrix(ty, rows, cols, &mut rng);
+            for n_tokens in [1usize, 2, 3, 4, 5, 9, 70] {
+                let x = rng.vec(n_tokens * cols, 1.0);
+                let mut want = vec![0f32; n_tokens * rows];
+                let mut got = vec![0f32; n_tokens * rows];
+                matmul_with(Isa::Scalar, &x, n_tokens, &w, &mut want);
+                matmul_with(Isa::Avx512, &x, n_tokens, &w, &mut got);
+                let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{ty} [{rows}x{cols}] t={n_tokens}");
+            }
+        }
+    }
+}
+
 #[test]
 fn large_parallel_shapes_match_serial_rows() {
     // Big enough to take the threaded path and several token blocks.

@@ -3,8 +3,9 @@
 //! `out[t, r] = Σ_c x[t, c] · W[r, c]`. The activation rows are converted once to the weight
 //! type's vec_dot type (read in place where that is f32: F32 weights and
 //! `QMatrix::with_f32_activations`); then the `[n_tokens, rows]` output is cut into tiles of
-//! `ROW_TILE` rows × `TOKEN_BLOCK` tokens, which run in parallel on rayon's pool and write
-//! disjoint output elements. Inside a tile the columns are walked in chunks (`k_chunk`); for
+//! `ROW_TILE` rows × `TOKEN_BLOCK` tokens, which run in parallel (on the calling thread's
+//! [`crate::team`] where it leads one, else on rayon's pool) and write disjoint output
+//! elements. Inside a tile the columns are walked in chunks (`k_chunk`); for
 //! each chunk and each group of 4 tokens (their activation chunks stay in L1) the tile's
 //! weight rows meet the group through one row-kernel call, which unpacks each weight block
 //! once for the 4 tokens. Partial sums of the chunks are added in column order.
@@ -184,7 +185,10 @@ pub fn matmul_batch_with(isa: Isa, jobs: &mut [MatmulJob]) {
         plans[p].run_tile(k - first[p]);
     };
     if parallel {
-        (0..n_tiles).into_par_iter().for_each(run);
+        // On this thread's team where it leads one (`crate::team`), else a rayon fork-join.
+        if !crate::team::for_each(n_tiles, &run) {
+            (0..n_tiles).into_par_iter().for_each(run);
+        }
     } else {
         (0..n_tiles).for_each(run);
     }

@@ -276,7 +276,10 @@ fn avx512_k_quants_are_scalar_bit_for_bit() {
                 let mut got = vec![0f32; n_tokens * rows];
                 matmul_with(Isa::Scalar, &x, n_tokens, &w, &mut want);
                 matmul_with(Isa::Avx512, &x, n_tokens, &w, &mut got);
-                let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(same, "{ty} [{rows}x{cols}] t={n_tokens}");
             }
         }
@@ -304,6 +307,34 @@ fn large_parallel_shapes_match_serial_rows() {
             let mut one = vec![0f32; rows];
             matmul(&x[t * cols..(t + 1) * cols], 1, &w, &mut one);
             assert_eq!(&out[t * rows..(t + 1) * rows], &one[..], "{ty} token {t}");
+        }
+    }
+}
+
+#[test]
+fn products_inside_a_team_are_the_same_bits() {
+    // Inside team::run the tiles go to spinning helpers instead of a rayon fork-join; which
+    // thread runs a tile must not matter. A 3-thread pool so a helper exists even on 1 core.
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(3)
+        .build()
+        .unwrap();
+    let mut rng = Rng::new(21);
+    for ty in [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::BF16] {
+        let w = random_matrix(ty, 203, 2048, &mut rng);
+        for n_tokens in [1usize, 3, 70] {
+            let x = rng.vec(n_tokens * 2048, 1.0);
+            let mut want = vec![0f32; n_tokens * 203];
+            let mut got = vec![0f32; n_tokens * 203];
+            pool.install(|| {
+                matmul(&x, n_tokens, &w, &mut want);
+                mlaserve_backend::team::run(|| {
+                    for _ in 0..3 {
+                        matmul(&x, n_tokens, &w, &mut got);
+                    }
+                });
+            });
+            assert_eq!(got, want, "{ty} t={n_tokens}");
         }
     }
 }

@@ -140,7 +140,17 @@ impl Model {
                 s.rank, s.world_size
             )));
         }
-        self.forward_inner(batch, cache, None)
+        // The step runs on a rayon worker leading a team: the other workers spin for its
+        // products and attention heads instead of sleeping between them (`team`); a leader
+        // outside the pool measured no gain. This thread's probe state goes with it.
+        let state = crate::probe::take_thread_state();
+        let (out, state) = rayon::scope(|_| {
+            crate::probe::put_thread_state(state);
+            let out = mlaserve_backend::team::run(|| self.forward_inner(batch, cache, None));
+            (out, crate::probe::take_thread_state())
+        });
+        crate::probe::put_thread_state(state);
+        out
     }
 
     /// One rank's share of a step: like [`Model::forward`], with the partial outputs of

@@ -13,7 +13,8 @@
 //! - captured records keep the tensor, its shape, the attention path and the token positions;
 //! - an in-process capture (`start_capture`) belongs to the calling thread, so concurrent
 //!   captures (tests, several doctors) never see each other's records. Probes fire on the thread
-//!   that called `Model::forward`.
+//!   that called `Model::forward` (whose step runs on a rayon worker carrying that thread's
+//!   probe state there and back: `take_thread_state`/`put_thread_state`).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -200,6 +201,36 @@ pub fn take_capture() -> Vec<Record> {
         }
         None => Vec::new(),
     })
+}
+
+/// A thread's probe state (rank, step numbers, positions, capture), moved with a step that
+/// runs on another thread (`Model::forward` runs on a rayon worker) and back.
+pub(crate) struct ThreadState {
+    rank: usize,
+    cur_step: u64,
+    next_step: Option<u64>,
+    positions: Vec<usize>,
+    capture: Option<(Vec<String>, Vec<Record>)>,
+}
+
+/// Take this thread's probe state, leaving the defaults.
+pub(crate) fn take_thread_state() -> ThreadState {
+    ThreadState {
+        rank: RANK.with(|r| r.replace(0)),
+        cur_step: CUR_STEP.with(|c| c.replace(0)),
+        next_step: NEXT_STEP.with(Cell::take),
+        positions: POSITIONS.with(|p| std::mem::take(&mut *p.borrow_mut())),
+        capture: CAPTURE.with(|c| c.borrow_mut().take()),
+    }
+}
+
+/// Install `s` as this thread's probe state.
+pub(crate) fn put_thread_state(s: ThreadState) {
+    RANK.with(|r| r.set(s.rank));
+    CUR_STEP.with(|c| c.set(s.cur_step));
+    NEXT_STEP.with(|n| n.set(s.next_step));
+    POSITIONS.with(|p| *p.borrow_mut() = s.positions);
+    CAPTURE.with(|c| *c.borrow_mut() = s.capture);
 }
 
 /// Whether any probe is live.

@@ -17,8 +17,8 @@ use crate::forward_batch::ForwardBatch;
 use crate::kv_cache::LatentCache;
 use crate::probe::{probe, PathTag};
 use crate::weights::IndexerWeights;
+use mlaserve_backend::team::par_map;
 use mlaserve_backend::{dot_f32, matmul};
-use rayon::prelude::*;
 
 fn layer_norm(x: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
     let n = x.len() as f32;
@@ -79,29 +79,26 @@ pub fn select(
     let cache = &*cache;
     let d_scale = (d as f32).powf(-0.5);
     let bs = batch.block_size;
-    let sel: Vec<Option<Vec<usize>>> = (0..t)
-        .into_par_iter()
-        .map(|ti| {
-            let s = batch.seq_starts.partition_point(|&st| st <= ti) - 1;
-            let pos = batch.positions[ti];
-            if pos < ic.topk {
-                return None;
-            }
-            let table = &batch.seqs[s].block_table;
-            let scores: Vec<f32> = (0..=pos)
-                .map(|j| {
-                    let key = cache.index_key(layer, table[j / bs] as usize * bs + j % bs);
-                    (0..hi)
-                        .map(|hd| {
-                            wt[ti * hi + hd]
-                                * (dot_f32(&iq[(ti * hi + hd) * d..][..d], key) * d_scale).max(0.0)
-                        })
-                        .sum()
-                })
-                .collect();
-            Some(top_k(&scores, ic.topk))
-        })
-        .collect();
+    let sel: Vec<Option<Vec<usize>>> = par_map(t, |ti| {
+        let s = batch.seq_starts.partition_point(|&st| st <= ti) - 1;
+        let pos = batch.positions[ti];
+        if pos < ic.topk {
+            return None;
+        }
+        let table = &batch.seqs[s].block_table;
+        let scores: Vec<f32> = (0..=pos)
+            .map(|j| {
+                let key = cache.index_key(layer, table[j / bs] as usize * bs + j % bs);
+                (0..hi)
+                    .map(|hd| {
+                        wt[ti * hi + hd]
+                            * (dot_f32(&iq[(ti * hi + hd) * d..][..d], key) * d_scale).max(0.0)
+                    })
+                    .sum()
+            })
+            .collect();
+        Some(top_k(&scores, ic.topk))
+    });
     if crate::probe::active() {
         // [T, topk] selected positions (-1 pads dense rows past their length).
         let mut flat = vec![-1f32; t * ic.topk];

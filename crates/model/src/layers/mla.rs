@@ -25,8 +25,8 @@ use crate::forward_batch::ForwardBatch;
 use crate::kv_cache::LatentCache;
 use crate::probe::{probe, PathTag};
 use crate::weights::{IndexerWeights, MlaWeights};
+use mlaserve_backend::team::par_map;
 use mlaserve_backend::{matmul, matmul_batch, rms_norm, MatmulJob, QMatrix};
-use rayon::prelude::*;
 
 /// Slot of position `pos` of sequence `s`.
 #[inline]
@@ -204,26 +204,23 @@ pub fn forward(
             let rows: Vec<&[f32]> = (0..ctx + qlen)
                 .map(|pos| cache.row(layer, slot(batch, s, pos)))
                 .collect();
-            let o_lat: Vec<Vec<f32>> = (0..n)
-                .into_par_iter()
-                .map(|hd| {
-                    let mut scores = Vec::new();
-                    let mut o_lat = vec![0f32; qlen * l];
-                    for i in 0..qlen {
-                        let qp = &q[(a + i) * n * qk + hd * qk + p..][..r];
-                        attend(
-                            &keys_all[i],
-                            |j| (&rows[j][..l], &rows[j][l..], &rows[j][..l]),
-                            &q_lat_all[hd][i * l..(i + 1) * l],
-                            qp,
-                            scale,
-                            &mut scores,
-                            &mut o_lat[i * l..(i + 1) * l],
-                        );
-                    }
-                    o_lat
-                })
-                .collect();
+            let o_lat: Vec<Vec<f32>> = par_map(n, |hd| {
+                let mut scores = Vec::new();
+                let mut o_lat = vec![0f32; qlen * l];
+                for i in 0..qlen {
+                    let qp = &q[(a + i) * n * qk + hd * qk + p..][..r];
+                    attend(
+                        &keys_all[i],
+                        |j| (&rows[j][..l], &rows[j][l..], &rows[j][..l]),
+                        &q_lat_all[hd][i * l..(i + 1) * l],
+                        qp,
+                        scale,
+                        &mut scores,
+                        &mut o_lat[i * l..(i + 1) * l],
+                    );
+                }
+                o_lat
+            });
             // out_h = W_UV_h · o_lat_h, one grouped product over the heads.
             let mut outs: Vec<Vec<f32>> = vec![vec![0f32; qlen * v]; n];
             matmul_batch(
@@ -274,52 +271,49 @@ pub fn forward(
                     out: &mut vals,
                 },
             ]);
-            (0..n)
-                .into_par_iter()
-                .map(|hd| {
-                    let key = |j: usize| {
-                        (
-                            &k_nope[(j * n + hd) * p..(j * n + hd + 1) * p],
-                            &kpe[j * r..(j + 1) * r],
-                            &vals[(j * n + hd) * v..(j * n + hd + 1) * v],
-                        )
-                    };
-                    let mut out = vec![0f32; qlen * v];
-                    if causal_prompt {
-                        attend_causal(
-                            qlen,
-                            |j| (&k_nope[(j * n + hd) * p..][..p], &kpe[j * r..][..r]),
-                            |i| q[(a + i) * n * qk + hd * qk..][..qk].split_at(p),
-                            scale,
-                            &vals,
-                            hd * v,
-                            n * v,
-                            v,
-                            &mut out,
-                        );
-                        return out;
+            par_map(n, |hd| {
+                let key = |j: usize| {
+                    (
+                        &k_nope[(j * n + hd) * p..(j * n + hd + 1) * p],
+                        &kpe[j * r..(j + 1) * r],
+                        &vals[(j * n + hd) * v..(j * n + hd + 1) * v],
+                    )
+                };
+                let mut out = vec![0f32; qlen * v];
+                if causal_prompt {
+                    attend_causal(
+                        qlen,
+                        |j| (&k_nope[(j * n + hd) * p..][..p], &kpe[j * r..][..r]),
+                        |i| q[(a + i) * n * qk + hd * qk..][..qk].split_at(p),
+                        scale,
+                        &vals,
+                        hd * v,
+                        n * v,
+                        v,
+                        &mut out,
+                    );
+                    return out;
+                }
+                let mut scores = Vec::new();
+                let mut part = vec![0f32; v];
+                for i in 0..qlen {
+                    let qrow = &q[(a + i) * n * qk + hd * qk..][..qk];
+                    let (qn, qp) = qrow.split_at(p);
+                    let keys = &keys_all[i];
+                    let oi = &mut out[i * v..(i + 1) * v];
+                    if ctx == 0 {
+                        attend(keys, key, qn, qp, scale, &mut scores, oi);
+                    } else {
+                        // Context part (non-causal over cached positions) + new part (causal);
+                        // keys are ascending, so the split is one binary search.
+                        let (old, new) = keys.split_at(keys.partition_point(|&j| j < ctx));
+                        let lse_old = attend(old, key, qn, qp, scale, &mut scores, oi);
+                        let lse_new = attend(new, key, qn, qp, scale, &mut scores, &mut part);
+                        merge(oi, lse_old, &part, lse_new);
                     }
-                    let mut scores = Vec::new();
-                    let mut part = vec![0f32; v];
-                    for i in 0..qlen {
-                        let qrow = &q[(a + i) * n * qk + hd * qk..][..qk];
-                        let (qn, qp) = qrow.split_at(p);
-                        let keys = &keys_all[i];
-                        let oi = &mut out[i * v..(i + 1) * v];
-                        if ctx == 0 {
-                            attend(keys, key, qn, qp, scale, &mut scores, oi);
-                        } else {
-                            // Context part (non-causal over cached positions) + new part (causal);
-                            // keys are ascending, so the split is one binary search.
-                            let (old, new) = keys.split_at(keys.partition_point(|&j| j < ctx));
-                            let lse_old = attend(old, key, qn, qp, scale, &mut scores, oi);
-                            let lse_new = attend(new, key, qn, qp, scale, &mut scores, &mut part);
-                            merge(oi, lse_old, &part, lse_new);
-                        }
-                    }
-                    out
-                })
-                .collect()
+                }
+                out
+            })
         };
         for (hd, out) in per_head.iter().enumerate() {
             for i in 0..qlen {

@@ -10,6 +10,8 @@
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_q8;
 pub mod scalar;
 
 use crate::isa::Isa;
@@ -171,6 +173,7 @@ pub(crate) fn row_kernel(ty: GgmlType, isa: Isa) -> Option<RowKernel> {
         match ty {
             Q4_K => return Some(avx512::Q4_K_ROWS),
             Q5_K => return Some(avx512::Q5_K_ROWS),
+            Q8_0 => return Some(avx512_q8::Q8_0_ROWS),
             _ => {}
         }
     }

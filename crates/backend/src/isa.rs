@@ -12,7 +12,7 @@ pub enum Isa {
     Scalar,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
-    /// [`Isa::Avx2`] plus AVX-512 F and BW (used by the Q4_K/Q5_K/Q8_0 kernels; every other
+    /// [`Isa::Avx2`] plus AVX-512 F and BW (used by the Q4_K/Q5_K/Q8_0/Q5_0 kernels; every other
     /// type runs its AVX2 kernel at this level).
     Avx512,
 }

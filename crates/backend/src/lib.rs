@@ -5,7 +5,7 @@
 //! converted to the weight type's *vec_dot type* ([`ActType::for_weight`]: Q8_0, Q8_1, Q8_K,
 //! F16, BF16 or F32), then every output is the block-wise integer (or float) dot product times
 //! the block scales. Kernels exist in portable scalar form for every supported type, in
-//! AVX2+FMA form for every supported type but Q8_K, and in AVX-512BW form for Q4_K/Q5_K/Q8_0; the
+//! AVX2+FMA form for every supported type but Q8_K, and in AVX-512BW form for Q4_K/Q5_K/Q8_0/Q5_0; the
 //! level is chosen once at run time ([`Isa::detect`]). Types this crate cannot decode (the
 //! IQ1/IQ2/IQ3 grids, TQ*, Q8_1 as a weight) are rejected by [`QMatrix::new`] with
 //! [`BackendError::UnsupportedType`].
@@ -14,7 +14,7 @@
 //! - a token's output does not depend on the other tokens in the call (bit-identical batched
 //!   and one-at-a-time results; see `matmul.rs`);
 //! - the scalar level is the reference: every SIMD level computes the same integer block
-//!   sums and differs only by the order of f32 additions (tested); the AVX-512 Q4_K/Q5_K/Q8_0
+//!   sums and differs only by the order of f32 additions (tested); the AVX-512 Q4_K/Q5_K/Q8_0/Q5_0
 //!   kernels equal it bit for bit.
 //!
 //! [`team::run`] keeps rayon's workers spinning for a forward pass's products instead of

@@ -258,7 +258,7 @@ fn simd_equals_scalar() {
     }
 }
 
-/// The AVX-512 Q4_K/Q5_K/Q8_0 kernels take rows eight at a time but keep each row the
+/// The AVX-512 Q4_K/Q5_K/Q8_0/Q5_0 kernels take rows eight at a time but keep each row the
 /// scalar vec_dot's arithmetic: equal bits whatever the row count, token count or threading.
 #[test]
 fn avx512_eight_row_kernels_are_scalar_bit_for_bit() {
@@ -267,7 +267,12 @@ fn avx512_eight_row_kernels_are_scalar_bit_for_bit() {
         return;
     }
     let mut rng = Rng::new(11);
-    for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q8_0] {
+    for ty in [
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+    ] {
         for (rows, cols) in [(8, 256), (21, 768), (203, 5120)] {
             let w = random_matrix(ty, rows, cols, &mut rng);
             for n_tokens in [1usize, 2, 3, 4, 5, 9, 70] {

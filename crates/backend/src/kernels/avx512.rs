@@ -48,11 +48,11 @@ const Q8K_BSUMS: usize = 260;
 const Q8K_BYTES: usize = 292;
 
 /// Rows of a group in the order of its result lanes.
-const ORDER: [usize; 8] = [0, 1, 4, 5, 2, 3, 6, 7];
+pub(super) const ORDER: [usize; 8] = [0, 1, 4, 5, 2, 3, 6, 7];
 
 /// A register from four 16-byte loads, one a 128-bit lane.
 #[inline(always)]
-unsafe fn lanes4(p: [*const u8; 4]) -> __m512i {
+pub(super) unsafe fn lanes4(p: [*const u8; 4]) -> __m512i {
     let v = _mm512_castsi128_si512(_mm_loadu_si128(p[0] as *const __m128i));
     let v = _mm512_inserti32x4::<1>(v, _mm_loadu_si128(p[1] as *const __m128i));
     let v = _mm512_inserti32x4::<2>(v, _mm_loadu_si128(p[2] as *const __m128i));
@@ -80,7 +80,7 @@ unsafe fn scales_mins(h: __m512i) -> __m512i {
 /// The 8 rows' 32 bytes at offset `off` transposed: `z[i]` holds bytes `8i..8i+8` of every
 /// row's, 128-bit lane `L` the rows (0,1), (4,5), (2,3), (6,7).
 #[inline(always)]
-unsafe fn chunk8(x: &[*const u8; 8], off: usize) -> [__m512i; 4] {
+pub(super) unsafe fn chunk8(x: &[*const u8; 8], off: usize) -> [__m512i; 4] {
     let ld = |r: usize| _mm256_loadu_si256(x[r].add(off) as *const __m256i);
     let pair = |r: usize| _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ld(r)), ld(r + 4));
     let (p0, p1, p2, p3) = (pair(0), pair(1), pair(2), pair(3)); // [R0,R4], [R1,R5], ...
@@ -101,7 +101,7 @@ unsafe fn rows8<const NT: usize, const HIGH: bool>(
     x0: [*const u8; 8],
     a: *const u8,
     stride: usize,
-    out: &mut [[f32; NT]; 8],
+    out: *mut f32,
 ) {
     let m4 = _mm512_set1_epi8(0x0F);
     // vpermt2w indices: the d (then dmin) of the rows in ORDER; headers of rows 0,4,2,6 are
@@ -208,18 +208,46 @@ unsafe fn rows8<const NT: usize, const HIGH: bool>(
             sum[t] = _mm256_add_ps(sum[t], _mm256_mul_ps(yd, diff));
         }
     }
+    store8(&sum, out);
+}
+
+/// Each token's 8 row results (lanes in [`ORDER`]) to `out[r * NT + t]`.
+#[inline(always)]
+pub(super) unsafe fn store8<const NT: usize>(sum: &[__m256; NT], out: *mut f32) {
     for (t, s) in sum.iter().enumerate() {
         let mut v = [0f32; 8];
         _mm256_storeu_ps(v.as_mut_ptr(), *s);
         for (k, &r) in ORDER.iter().enumerate() {
-            out[r][t] = v[k];
+            *out.add(r * NT + t) = v[k];
         }
     }
 }
 
-/// Rows in groups of 8 (the rest through the scalar vec_dot), tokens in groups of up to 4.
+/// An eight-row kernel at `NT` tokens: rows `x[0..8]` (block 0 of each at `x[r]`), `nb`
+/// blocks, against `NT` activation rows `stride` apart from `a`; row r's result for token t
+/// to `out[r * NT + t]`.
+pub(super) type Rows8 = unsafe fn(usize, [*const u8; 8], *const u8, usize, *mut f32);
+
+/// A weight type's eight-row kernels and what [`eight_rows`] needs around them.
+pub(super) struct EightRows {
+    /// Values a weight block holds.
+    pub block_values: usize,
+    /// Bytes of a weight block.
+    pub block_bytes: usize,
+    /// Bytes of an activation block.
+    pub act_block_bytes: usize,
+    /// The kernel at 1, 2, 3 and 4 tokens.
+    pub kernels: [Rows8; 4],
+    /// The scalar vec_dot, for the rows past the last group of 8: every kernel's rows equal
+    /// it bit for bit.
+    pub dot: crate::kernels::VecDot,
+}
+
+/// A row kernel (see `crate::kernels::RowKernel`) from `k`: rows in groups of 8, the rest
+/// through the scalar vec_dot; tokens in groups of up to 4.
 #[allow(clippy::too_many_arguments)]
-fn k4_rows<const HIGH: bool>(
+pub(super) fn eight_rows(
+    k: &EightRows,
     n: usize,
     w: &[u8],
     row_bytes: usize,
@@ -229,75 +257,101 @@ fn k4_rows<const HIGH: bool>(
     nt: usize,
     out: &mut [f32],
 ) {
-    let nb = n / 256;
+    let nb = n / k.block_values;
     if rows == 0 || nt == 0 {
         return;
     }
     assert!(
-        w.len() >= (rows - 1) * row_bytes + nb * block_bytes(HIGH),
+        w.len() >= (rows - 1) * row_bytes + nb * k.block_bytes,
         "weight rows too short"
     );
     assert!(
-        a.len() >= (nt - 1) * stride + nb * Q8K_BYTES,
+        a.len() >= (nt - 1) * stride + nb * k.act_block_bytes,
         "activation rows too short"
     );
     assert!(out.len() >= rows * nt, "output too short");
     let groups = rows / 8;
+    let mut res = [0f32; 32];
     for g in 0..groups {
         let x: [*const u8; 8] = std::array::from_fn(|r| w[(8 * g + r) * row_bytes..].as_ptr());
         let mut t = 0;
         while t < nt {
-            let k = (nt - t).min(4);
-            let at = a[t * stride..].as_ptr();
+            let m = (nt - t).min(4);
             // SAFETY: the rows' nb blocks and the tokens' nb activation blocks lie inside `w`
-            // and `a` (checked above); AVX-512 F/BW presence is the module invariant.
+            // and `a` (checked above), `res` holds 8 x m results; AVX-512 F/BW presence is
+            // the module invariant.
             unsafe {
-                match k {
-                    4 => put(g, t, nt, out, &rows8_call::<4, HIGH>(nb, x, at, stride)),
-                    3 => put(g, t, nt, out, &rows8_call::<3, HIGH>(nb, x, at, stride)),
-                    2 => put(g, t, nt, out, &rows8_call::<2, HIGH>(nb, x, at, stride)),
-                    _ => put(g, t, nt, out, &rows8_call::<1, HIGH>(nb, x, at, stride)),
-                }
+                (k.kernels[m - 1])(nb, x, a[t * stride..].as_ptr(), stride, res.as_mut_ptr())
+            };
+            for r in 0..8 {
+                out[(8 * g + r) * nt + t..][..m].copy_from_slice(&res[r * m..][..m]);
             }
-            t += k;
+            t += m;
         }
     }
-    let dot = if HIGH {
-        scalar::vec_dot_q5_k_q8_k
-    } else {
-        scalar::vec_dot_q4_k_q8_k
-    };
     for r in 8 * groups..rows {
         for t in 0..nt {
-            out[r * nt + t] = dot(n, &w[r * row_bytes..], &a[t * stride..]);
+            out[r * nt + t] = (k.dot)(n, &w[r * row_bytes..], &a[t * stride..]);
         }
     }
 }
 
-/// [`rows8`] into a fresh array.
-#[inline(always)]
-unsafe fn rows8_call<const NT: usize, const HIGH: bool>(
-    nb: usize,
-    x: [*const u8; 8],
-    a: *const u8,
-    stride: usize,
-) -> [[f32; NT]; 8] {
-    let mut o = [[0f32; NT]; 8];
-    rows8::<NT, HIGH>(nb, x, a, stride, &mut o);
-    o
-}
+const Q4_K: EightRows = EightRows {
+    block_values: 256,
+    block_bytes: block_bytes(false),
+    act_block_bytes: Q8K_BYTES,
+    kernels: [
+        rows8::<1, false>,
+        rows8::<2, false>,
+        rows8::<3, false>,
+        rows8::<4, false>,
+    ],
+    dot: scalar::vec_dot_q4_k_q8_k,
+};
+const Q5_K: EightRows = EightRows {
+    block_values: 256,
+    block_bytes: block_bytes(true),
+    act_block_bytes: Q8K_BYTES,
+    kernels: [
+        rows8::<1, true>,
+        rows8::<2, true>,
+        rows8::<3, true>,
+        rows8::<4, true>,
+    ],
+    dot: scalar::vec_dot_q5_k_q8_k,
+};
 
-/// Group `g`'s results for tokens `t..t + NT` into `out[r * nt + t]`.
-fn put<const NT: usize>(g: usize, t: usize, nt: usize, out: &mut [f32], v: &[[f32; NT]; 8]) {
-    for (r, row) in v.iter().enumerate() {
-        out[(8 * g + r) * nt + t..][..NT].copy_from_slice(row);
-    }
+#[allow(clippy::too_many_arguments)]
+fn q4_k_rows(
+    n: usize,
+    w: &[u8],
+    rb: usize,
+    rows: usize,
+    a: &[u8],
+    s: usize,
+    nt: usize,
+    o: &mut [f32],
+) {
+    eight_rows(&Q4_K, n, w, rb, rows, a, s, nt, o)
+}
+#[allow(clippy::too_many_arguments)]
+fn q5_k_rows(
+    n: usize,
+    w: &[u8],
+    rb: usize,
+    rows: usize,
+    a: &[u8],
+    s: usize,
+    nt: usize,
+    o: &mut [f32],
+) {
+    eight_rows(&Q5_K, n, w, rb, rows, a, s, nt, o)
 }
 
 /// Q4_K row kernel (see `crate::kernels::RowKernel`).
-pub(crate) const Q4_K_ROWS: RowKernel = k4_rows::<false>;
+pub(crate) const Q4_K_ROWS: RowKernel = q4_k_rows;
 /// Q5_K row kernel.
-pub(crate) const Q5_K_ROWS: RowKernel = k4_rows::<true>;
+pub(crate) const Q5_K_ROWS: RowKernel = q5_k_rows;
 
 #[cfg(test)]
 mod tests {

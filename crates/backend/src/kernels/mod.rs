@@ -174,6 +174,7 @@ pub(crate) fn row_kernel(ty: GgmlType, isa: Isa) -> Option<RowKernel> {
             Q4_K => return Some(avx512::Q4_K_ROWS),
             Q5_K => return Some(avx512::Q5_K_ROWS),
             Q8_0 => return Some(avx512_q8::Q8_0_ROWS),
+            Q5_0 => return Some(avx512_q8::Q5_0_ROWS),
             _ => {}
         }
     }

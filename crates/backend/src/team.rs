@@ -16,15 +16,22 @@
 //!   the job (`busy == 0` after the job is retired);
 //! - helpers leave when `run` returns (also by unwinding); a helper that starts late sees the
 //!   team stopped and returns at once; a leader never becomes a helper;
-//! - one team at a time in the process (a concurrent forward runs without one), and helper
-//!   jobs are queued before any other job of the team's, so rayon's oldest-first stealing
-//!   hands them out first: no thread waits, under a helper loop, for work of the team it
-//!   helps. (Two teams at once could each hold the other's helper under a frame it waits on.)
+//! - no thread waits, under a helper loop, for work of the team it helps: a team takes helpers
+//!   only until its work starts (`closed`; a helper job still queued then returns at once when
+//!   some thread, perhaps one waiting in a join of this team's work, runs it), a thread
+//!   already helping never starts a second helper loop, and there is one team at a time in
+//!   the process (a concurrent forward runs without one; two teams could each hold the
+//!   other's helper under a frame it waits on);
+//! - a plain forward running next to a team can pick up a queued helper job while it waits in
+//!   a join and then waits for the team's forward to end: correct, slower; only concurrent
+//!   forwards (tests, `doctor` beside serving) meet it. `MLASERVE_NO_TEAM` turns teams off.
 
+use std::any::Any;
 use std::cell::Cell;
+use std::panic::resume_unwind;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::SeqCst};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// One published loop: `run(i)` for `i` in `0..n`.
 struct Job<'a> {
@@ -37,7 +44,8 @@ struct Job<'a> {
     next: AtomicUsize,
     /// Indices finished.
     done: AtomicUsize,
-    panicked: AtomicBool,
+    /// The first panic of an index, re-raised on the leader.
+    panic: Mutex<Option<Box<dyn Any + Send>>>,
 }
 
 /// A team's state, shared by its thread and its helpers.
@@ -48,7 +56,18 @@ struct Team {
     job: AtomicPtr<Job<'static>>,
     /// Helpers that may be reading `job`'s target.
     busy: AtomicUsize,
+    /// Helper jobs that have started, and whether the team stopped taking helpers: one that
+    /// starts later (it waited in a queue while its worker was busy, and may now run nested
+    /// under a join of this team's own work) returns at once instead of spinning under it.
+    started: AtomicUsize,
+    closed: AtomicBool,
+    /// Bumped as each job is published: a helper that drained one waits for the next
+    /// instead of touching the drained job's counters (consecutive jobs share an address).
+    generation: AtomicU64,
 }
+
+/// How long a new team waits for its helper jobs to start before closing to late ones.
+const HELPER_WAIT: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// Whether some thread leads a team.
 static ACTIVE: AtomicBool = AtomicBool::new(false);
@@ -56,6 +75,15 @@ static ACTIVE: AtomicBool = AtomicBool::new(false);
 thread_local! {
     /// The team this thread leads, or null.
     static LEADS: Cell<*const Team> = const { Cell::new(std::ptr::null()) };
+    /// Whether this thread is in a helper loop (a nested one would never return to the index
+    /// it interrupted).
+    static HELPING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether teams are off (`MLASERVE_NO_TEAM` set): every product then fork-joins on rayon.
+fn disabled() -> bool {
+    static OFF: OnceLock<bool> = OnceLock::new();
+    *OFF.get_or_init(|| std::env::var_os("MLASERVE_NO_TEAM").is_some())
 }
 
 /// Run `f` with the other rayon workers spinning as helpers for its products (see the
@@ -64,29 +92,35 @@ thread_local! {
 /// (one more thread than workers) a 2-thread decode measured no gain, on a worker 1.15x.
 pub fn run<R>(f: impl FnOnce() -> R) -> R {
     let helpers = rayon::current_num_threads().saturating_sub(1);
-    if helpers == 0 || !LEADS.with(Cell::get).is_null() {
+    if helpers == 0 || disabled() || !LEADS.with(Cell::get).is_null() {
         return f();
     }
     // One team at a time in the process: a second concurrent forward runs plainly.
     if ACTIVE.swap(true, SeqCst) {
         return f();
     }
-    let team = Arc::new(Team::default());
-    for _ in 0..helpers {
-        let t = Arc::clone(&team);
-        rayon::spawn(move || help(&t));
-    }
     /// Stops the team and forgets it however `f` ends.
-    struct End<'a>(&'a Team);
-    impl Drop for End<'_> {
+    struct End(Arc<Team>);
+    impl Drop for End {
         fn drop(&mut self) {
             self.0.stop.store(true, SeqCst);
             LEADS.with(|c| c.set(std::ptr::null()));
             ACTIVE.store(false, SeqCst);
         }
     }
-    LEADS.with(|c| c.set(Arc::as_ptr(&team)));
-    let _end = End(&team);
+    let end = End(Arc::new(Team::default()));
+    for _ in 0..helpers {
+        let t = Arc::clone(&end.0);
+        rayon::spawn(move || help(&t));
+    }
+    // Idle workers take their helper job within microseconds; a busy one's job is closed
+    // before any work of this team exists, so it can never start under one of its joins.
+    let t0 = std::time::Instant::now();
+    while end.0.started.load(SeqCst) < helpers && t0.elapsed() < HELPER_WAIT {
+        std::hint::spin_loop();
+    }
+    end.0.closed.store(true, SeqCst);
+    LEADS.with(|c| c.set(Arc::as_ptr(&end.0)));
     f()
 }
 
@@ -106,8 +140,13 @@ pub(crate) fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) -> bool {
         chunk: (n / (4 * threads)).max(1),
         next: AtomicUsize::new(0),
         done: AtomicUsize::new(0),
-        panicked: AtomicBool::new(false),
+        panic: Mutex::new(None),
     };
+    debug_assert!(
+        team.job.load(SeqCst).is_null(),
+        "for_each nested on a leader"
+    );
+    team.generation.fetch_add(1, SeqCst);
     // Lifetime erased: helpers only dereference it between `busy` increments that this
     // function waits out below, before `job` goes out of scope.
     team.job
@@ -120,8 +159,9 @@ pub(crate) fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) -> bool {
     while team.busy.load(SeqCst) != 0 {
         std::hint::spin_loop();
     }
-    if job.panicked.load(SeqCst) {
-        panic!("a parallel matmul tile panicked");
+    let payload = job.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(p) = payload {
+        resume_unwind(p);
     }
     true
 }
@@ -166,8 +206,9 @@ fn work(job: &Job) {
             break;
         }
         for i in i0..(i0 + job.chunk).min(job.n) {
-            if catch_unwind(AssertUnwindSafe(|| (job.run)(i))).is_err() {
-                job.panicked.store(true, SeqCst);
+            if let Err(p) = catch_unwind(AssertUnwindSafe(|| (job.run)(i))) {
+                let mut first = job.panic.lock().unwrap_or_else(|e| e.into_inner());
+                first.get_or_insert(p);
             }
             finished += 1;
         }
@@ -178,24 +219,38 @@ fn work(job: &Job) {
 }
 
 /// A helper's loop: published jobs first, other rayon work while none is, until the team
-/// stops.
+/// stops. After ~2^14 idle turns it also yields the core to the OS scheduler each turn, for
+/// machines with more runnable threads than cores.
 fn help(team: &Team) {
-    if !LEADS.with(Cell::get).is_null() {
-        // A leader (popping its own queued helper job while it waits on a join) never helps.
+    // A leader (popping its own queued helper job while it waits on a join) never helps, nor
+    // does a thread already helping (an index that joins could otherwise steal a queued
+    // helper job and never return to the index the leader waits for).
+    if !LEADS.with(Cell::get).is_null() || HELPING.with(|h| h.replace(true)) {
         return;
     }
+    team.started.fetch_add(1, SeqCst);
+    if team.closed.load(SeqCst) {
+        HELPING.with(|h| h.set(false));
+        return;
+    }
+    let mut drained = 0u64;
     let mut idle = 0u32;
     while !team.stop.load(SeqCst) {
-        if team.job.load(SeqCst).is_null() {
+        let generation = team.generation.load(SeqCst);
+        if generation == drained || team.job.load(SeqCst).is_null() {
             // Other rayon work now and then: stealing touches the deques the leader uses.
-            idle = idle.wrapping_add(1);
+            idle = idle.saturating_add(1);
             if idle & 31 == 0 {
                 rayon::yield_now();
+            }
+            if idle > 1 << 14 {
+                std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
             }
             continue;
         }
+        idle = 0;
         team.busy.fetch_add(1, SeqCst);
         // Re-read under `busy`: the leader retires a job before waiting for `busy` to drain,
         // so a job read now stays alive until the decrement.
@@ -205,7 +260,9 @@ fn help(team: &Team) {
             work(unsafe { &*p });
         }
         team.busy.fetch_sub(1, SeqCst);
+        drained = generation;
     }
+    HELPING.with(|h| h.set(false));
 }
 
 #[cfg(test)]
@@ -245,6 +302,34 @@ mod tests {
             let v = par_map(1000, |i| vec![i; i % 7]);
             assert!(v.iter().enumerate().all(|(i, x)| *x == vec![i; i % 7]));
         });
+    }
+
+    #[test]
+    fn an_index_that_joins_never_strands_the_leader() {
+        // One worker busy as the team starts, so a helper job stays queued; an index that
+        // runs a parallel iterator may then steal it while it waits, and must not enter a
+        // second helper loop (it would never return to the index the leader waits for).
+        let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        use rayon::prelude::*;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        let nap = || std::thread::sleep(std::time::Duration::from_micros(20));
+        for _ in 0..4 {
+            pool.install(|| {
+                rayon::spawn(|| std::thread::sleep(std::time::Duration::from_millis(2)));
+                std::thread::sleep(std::time::Duration::from_micros(300));
+                run(|| {
+                    for _ in 0..4 {
+                        assert!(for_each(8, &|_| {
+                            let s: u64 = (0..64u64).into_par_iter().inspect(|_| nap()).sum();
+                            assert_eq!(s, 64 * 63 / 2);
+                        }));
+                    }
+                });
+            });
+        }
     }
 
     #[test]

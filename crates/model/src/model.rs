@@ -143,14 +143,19 @@ impl Model {
         // The step runs on a rayon worker leading a team: the other workers spin for its
         // products and attention heads instead of sleeping between them (`team`); a leader
         // outside the pool measured no gain. This thread's probe state goes with it.
-        let state = crate::probe::take_thread_state();
+        use crate::probe::{swap_thread_state, take_thread_state};
+        use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+        let state = take_thread_state();
         let (out, state) = rayon::scope(|_| {
-            crate::probe::put_thread_state(state);
-            let out = mlaserve_backend::team::run(|| self.forward_inner(batch, cache, None));
-            (out, crate::probe::take_thread_state())
+            // Swap, not overwrite: this worker may be waiting in a join of another forward.
+            let outer = swap_thread_state(state);
+            let out = catch_unwind(AssertUnwindSafe(|| {
+                mlaserve_backend::team::run(|| self.forward_inner(batch, cache, None))
+            }));
+            (out, swap_thread_state(outer))
         });
-        crate::probe::put_thread_state(state);
-        out
+        swap_thread_state(state);
+        out.unwrap_or_else(|p| resume_unwind(p))
     }
 
     /// One rank's share of a step: like [`Model::forward`], with the partial outputs of

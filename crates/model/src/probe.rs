@@ -14,7 +14,7 @@
 //! - an in-process capture (`start_capture`) belongs to the calling thread, so concurrent
 //!   captures (tests, several doctors) never see each other's records. Probes fire on the thread
 //!   that called `Model::forward` (whose step runs on a rayon worker carrying that thread's
-//!   probe state there and back: `take_thread_state`/`put_thread_state`).
+//!   probe state there and back: `swap_thread_state`).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -205,6 +205,7 @@ pub fn take_capture() -> Vec<Record> {
 
 /// A thread's probe state (rank, step numbers, positions, capture), moved with a step that
 /// runs on another thread (`Model::forward` runs on a rayon worker) and back.
+#[derive(Default)]
 pub(crate) struct ThreadState {
     rank: usize,
     cur_step: u64,
@@ -213,24 +214,22 @@ pub(crate) struct ThreadState {
     capture: Option<(Vec<String>, Vec<Record>)>,
 }
 
-/// Take this thread's probe state, leaving the defaults.
-pub(crate) fn take_thread_state() -> ThreadState {
+/// Install `s` as this thread's probe state and return the state it replaces. A step moved to
+/// a worker swaps its state in and the worker's own back out: the worker may be in the middle
+/// of another forward (waiting in a join), whose state must survive.
+pub(crate) fn swap_thread_state(s: ThreadState) -> ThreadState {
     ThreadState {
-        rank: RANK.with(|r| r.replace(0)),
-        cur_step: CUR_STEP.with(|c| c.replace(0)),
-        next_step: NEXT_STEP.with(Cell::take),
-        positions: POSITIONS.with(|p| std::mem::take(&mut *p.borrow_mut())),
-        capture: CAPTURE.with(|c| c.borrow_mut().take()),
+        rank: RANK.with(|r| r.replace(s.rank)),
+        cur_step: CUR_STEP.with(|c| c.replace(s.cur_step)),
+        next_step: NEXT_STEP.with(|n| n.replace(s.next_step)),
+        positions: POSITIONS.with(|p| std::mem::replace(&mut *p.borrow_mut(), s.positions)),
+        capture: CAPTURE.with(|c| std::mem::replace(&mut *c.borrow_mut(), s.capture)),
     }
 }
 
-/// Install `s` as this thread's probe state.
-pub(crate) fn put_thread_state(s: ThreadState) {
-    RANK.with(|r| r.set(s.rank));
-    CUR_STEP.with(|c| c.set(s.cur_step));
-    NEXT_STEP.with(|n| n.set(s.next_step));
-    POSITIONS.with(|p| *p.borrow_mut() = s.positions);
-    CAPTURE.with(|c| *c.borrow_mut() = s.capture);
+/// This thread's probe state, leaving the defaults.
+pub(crate) fn take_thread_state() -> ThreadState {
+    swap_thread_state(ThreadState::default())
 }
 
 /// Whether any probe is live.

@@ -296,6 +296,27 @@ pub(super) fn eight_rows(
     }
 }
 
+/// The `RowKernel` (see `crate::kernels::RowKernel`) of an [`EightRows`] constant.
+macro_rules! eight_row_kernel {
+    ($spec:path) => {{
+        #[allow(clippy::too_many_arguments)]
+        fn kernel(
+            n: usize,
+            w: &[u8],
+            rb: usize,
+            rows: usize,
+            a: &[u8],
+            s: usize,
+            nt: usize,
+            o: &mut [f32],
+        ) {
+            $crate::kernels::avx512::eight_rows(&$spec, n, w, rb, rows, a, s, nt, o)
+        }
+        kernel
+    }};
+}
+pub(super) use eight_row_kernel;
+
 const Q4_K: EightRows = EightRows {
     block_values: 256,
     block_bytes: block_bytes(false),
@@ -321,37 +342,10 @@ const Q5_K: EightRows = EightRows {
     dot: scalar::vec_dot_q5_k_q8_k,
 };
 
-#[allow(clippy::too_many_arguments)]
-fn q4_k_rows(
-    n: usize,
-    w: &[u8],
-    rb: usize,
-    rows: usize,
-    a: &[u8],
-    s: usize,
-    nt: usize,
-    o: &mut [f32],
-) {
-    eight_rows(&Q4_K, n, w, rb, rows, a, s, nt, o)
-}
-#[allow(clippy::too_many_arguments)]
-fn q5_k_rows(
-    n: usize,
-    w: &[u8],
-    rb: usize,
-    rows: usize,
-    a: &[u8],
-    s: usize,
-    nt: usize,
-    o: &mut [f32],
-) {
-    eight_rows(&Q5_K, n, w, rb, rows, a, s, nt, o)
-}
-
 /// Q4_K row kernel (see `crate::kernels::RowKernel`).
-pub(crate) const Q4_K_ROWS: RowKernel = q4_k_rows;
+pub(crate) const Q4_K_ROWS: RowKernel = eight_row_kernel!(Q4_K);
 /// Q5_K row kernel.
-pub(crate) const Q5_K_ROWS: RowKernel = q5_k_rows;
+pub(crate) const Q5_K_ROWS: RowKernel = eight_row_kernel!(Q5_K);
 
 #[cfg(test)]
 mod tests {

@@ -21,7 +21,7 @@ use crate::act::Q8_0_ACT_BYTES;
 use crate::kernels::RowKernel;
 use std::arch::x86_64::*;
 
-use super::avx512::{chunk8, eight_rows, lanes4, store8, EightRows};
+use super::avx512::{chunk8, eight_row_kernel, lanes4, store8, EightRows};
 
 const Q8_0_BLOCK: usize = 34;
 const Q5_0_BLOCK: usize = 22;
@@ -210,37 +210,10 @@ const Q5_0: EightRows = EightRows {
     dot: scalar::vec_dot_q5_0_q8_0,
 };
 
-#[allow(clippy::too_many_arguments)]
-fn q8_0_rows(
-    n: usize,
-    w: &[u8],
-    rb: usize,
-    rows: usize,
-    a: &[u8],
-    s: usize,
-    nt: usize,
-    o: &mut [f32],
-) {
-    eight_rows(&Q8_0, n, w, rb, rows, a, s, nt, o)
-}
-#[allow(clippy::too_many_arguments)]
-fn q5_0_rows(
-    n: usize,
-    w: &[u8],
-    rb: usize,
-    rows: usize,
-    a: &[u8],
-    s: usize,
-    nt: usize,
-    o: &mut [f32],
-) {
-    eight_rows(&Q5_0, n, w, rb, rows, a, s, nt, o)
-}
-
 /// Q8_0 row kernel (see `crate::kernels::RowKernel`).
-pub(crate) const Q8_0_ROWS: RowKernel = q8_0_rows;
+pub(crate) const Q8_0_ROWS: RowKernel = eight_row_kernel!(Q8_0);
 /// Q5_0 row kernel.
-pub(crate) const Q5_0_ROWS: RowKernel = q5_0_rows;
+pub(crate) const Q5_0_ROWS: RowKernel = eight_row_kernel!(Q5_0);
 
 #[cfg(test)]
 mod tests {

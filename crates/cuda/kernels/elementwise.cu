@@ -381,15 +381,8 @@ __device__ int block_find(int n, F f, unsigned long long thr, unsigned long long
     return r;
 }
 // Scratch in shared memory for pick_filtered's radix selects.
-// PICK_GROUPS copies of the bins, warp w adding into copy w % PICK_GROUPS (1: one histogram;
-// the lab define -DPICK_LAB_GROUPS=N gives N, fewer warps contending for each bin).
-#ifdef PICK_LAB_GROUPS
-#define PICK_GROUPS PICK_LAB_GROUPS
-#else
-#define PICK_GROUPS 1
-#endif
 struct RadixScratch {
-    unsigned lo[PICK_GROUPS][1024], hi[PICK_GROUPS][1024];  // 64-bit sums as two words
+    unsigned lo[1024], hi[1024];  // 64-bit sums as two words
     unsigned long long above;  // the selected bin's S above it
     unsigned prefix;           // the digits selected so far
 };
@@ -397,17 +390,13 @@ struct RadixScratch {
 // 64-bit add in shared memory (a u64 atomicAdd there is a compare-and-swap spin; the two
 // native adds timed the same at one row: bench/cuda/v2lite.md, session 31).
 __device__ __forceinline__ void hist_add(RadixScratch* rs, unsigned bin, unsigned long long v) {
-    const int g = (threadIdx.x >> 5) % PICK_GROUPS;
     const unsigned lo = (unsigned)v;
-    const unsigned old = atomicAdd(&rs->lo[g][bin], lo);
+    const unsigned old = atomicAdd(&rs->lo[bin], lo);
     const unsigned hi = (unsigned)(v >> 32) + (old + lo < old ? 1u : 0u);
-    if (hi) atomicAdd(&rs->hi[g][bin], hi);
+    if (hi) atomicAdd(&rs->hi[bin], hi);
 }
 __device__ __forceinline__ unsigned long long hist_bin(const RadixScratch* rs, int b) {
-    unsigned long long s = 0;
-    for (int g = 0; g < PICK_GROUPS; ++g)
-        s += ((unsigned long long)rs->hi[g][b] << 32) | rs->lo[g][b];
-    return s;
+    return ((unsigned long long)rs->hi[b] << 32) | rs->lo[b];
 }
 // The largest key v (the bits of a probability: monotone for p >= 0, at most 0x3F800000 <
 // 2^30) whose S(v) = sum of f(i, p) over the i with key >= v reaches target (S(0) must), by a
@@ -429,7 +418,7 @@ __device__ unsigned radix_key(int n, const float* prob, F f, unsigned long long 
 #endif
     for (int shift = 20; shift >= 0; shift -= 10) {
         for (int b = t; b < nb; b += blockDim.x)
-            for (int g = 0; g < PICK_GROUPS; ++g) rs->lo[g][b] = rs->hi[g][b] = 0;
+            rs->lo[b] = rs->hi[b] = 0;
         __syncthreads();
 #ifdef PICK_LAB_NO_ATOMICS
         unsigned long long sink = 0;
@@ -444,20 +433,14 @@ __device__ unsigned radix_key(int n, const float* prob, F f, unsigned long long 
             }
 #if defined(PICK_LAB_NO_ATOMICS)  // lab only (wrong picks): the pass without its atomics
             sink += x + bin;
-#elif __CUDA_ARCH__ >= 800 && !defined(PICK_LAB_NO_MATCH)
-            // one atomic a bin a warp: x < 2^41 summed in 20-bit halves (32 lanes: < 2^26)
-            const unsigned grp = __match_any_sync(0xffffffffu, bin);
-            if (bin != 0xffffffffu) {
-                const unsigned lo = __reduce_add_sync(grp, (unsigned)(x & 0xfffffu));
-                const unsigned hi = __reduce_add_sync(grp, (unsigned)(x >> 20));
-                if (lane == __ffs(grp) - 1) hist_add(rs, bin, ((unsigned long long)hi << 20) + lo);
-            }
 #else
+            // an atomic a lane: aggregating a warp's lanes by bin first (__match_any_sync,
+            // __reduce_add_sync) cost ~4x the whole select (bench/cuda/v2lite.md, session 33)
             if (bin != 0xffffffffu) hist_add(rs, bin, x);
 #endif
         });
 #ifdef PICK_LAB_NO_ATOMICS
-        if (sink == 1ull) rs->lo[0][0] = 1u;  // kept: the pass's loads and tests stay
+        if (sink == 1ull) rs->lo[0] = 1u;  // kept: the pass's loads and tests stay
 #endif
         __syncthreads();
         unsigned long long local = 0;

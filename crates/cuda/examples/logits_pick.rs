@@ -12,7 +12,7 @@
 //! ```
 //!
 //! `--warm`: compile the kernels (into `MLASERVE_KERNEL_CACHE`) and exit, so that variants
-//! under `MLASERVE_KERNEL_DEFINES` (the `PICK_LAB_*` defines of `elementwise.cu`: picks
+//! under `MLASERVE_KERNEL_DEFINES` (the `PICK_LAB_*` defines of `pick.cu`: picks
 //! reported WRONG, timing only) compile side by side before they are timed one at a time.
 
 #[path = "common/mod.rs"]

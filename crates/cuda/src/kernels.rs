@@ -11,6 +11,7 @@ use std::path::PathBuf;
 pub const SOURCE: &str = concat!(
     include_str!("../kernels/common.cuh"),
     include_str!("../kernels/elementwise.cu"),
+    include_str!("../kernels/pick.cu"),
     include_str!("../kernels/attention.cu"),
     include_str!("../kernels/mla_absorb.cu"),
     include_str!("../kernels/moe.cu"),

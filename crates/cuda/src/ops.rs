@@ -260,14 +260,15 @@ impl Gpu {
     }
 
     /// Each of `rows` logits rows (`[rows, vocab]` f32 at `logits`) reduced to its token
-    /// (`mlaserve_model::RowPick::of`; elementwise.cu): `out` holds `rows` x 4 u32, each row's
+    /// (`mlaserve_model::RowPick::of`; pick.cu): `out` holds `rows` x 4 u32, each row's
     /// `RowArgmax` as [token, max bits, first bad index or u32::MAX, its bits]; `picked` `rows`
     /// u32, the token each row's draw chose. `draws`: 0 (every row greedy) or `rows` x 8 u32
     /// [1/temperature bits, random low word, random high word, 1 (0: greedy), top_k, top_p
     /// bits, min_p bits, 0] (the executor's `draw_words`); a row drawn with a filter is
     /// overwritten with its probabilities. `logits`
     /// 16-byte aligned when `vocab % 4 == 0` (the kernel loads float4s; arena and driver
-    /// allocations are).
+    /// allocations are). Each row is one block's, or at few rows a cluster's
+    /// ([`Gpu::pick_cluster`]).
     pub fn logits_pick(
         &self,
         rows: usize,
@@ -277,12 +278,61 @@ impl Gpu {
         out: u64,
         picked: u64,
     ) -> Result<()> {
+        let c = self.pick_cluster(rows, vocab);
+        self.logits_pick_in(c, rows, logits, vocab, draws, out, picked)
+    }
+
+    /// [`Gpu::logits_pick`] with `cluster` blocks a row (1: a block a row; 2-8: clusters,
+    /// where [`Gpu::clusters_fit`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn logits_pick_in(
+        &self,
+        cluster: u32,
+        rows: usize,
+        logits: u64,
+        vocab: usize,
+        draws: u64,
+        out: u64,
+        picked: u64,
+    ) -> Result<()> {
         let vocab = vocab as i32;
-        self.launch(
-            "logits_pick",
-            Gpu::cfg(grid1(rows), 1024),
-            &args![logits, vocab, draws, out, picked],
-        )
+        let cfg = Gpu::cfg(grid1(rows * cluster as usize), 1024);
+        let args = args![logits, vocab, draws, out, picked];
+        if cluster == 1 {
+            return self.launch("logits_pick", cfg, &args);
+        }
+        if !self.clusters_fit("logits_pick", cluster, 1024) {
+            return Err(CudaError::Invalid(format!(
+                "logits_pick: clusters of {cluster} blocks of 1024 threads do not fit on {}",
+                self.arch
+            )));
+        }
+        self.launch_cluster("logits_pick", cfg, cluster, &args)
+    }
+
+    /// Blocks a row for [`Gpu::logits_pick`]: one block's passes over a row of 102,400
+    /// tokens take ~40 µs for a draw at a temperature and ~130-230 µs under top-k / top-p
+    /// (bench/cuda/v2lite.md, session 33), so where the rows leave SMs idle each row is split
+    /// over a cluster of 8, 4 or 2 blocks (the most with `rows x C` within the SMs), for rows
+    /// of 8,192 tokens and more. `MLASERVE_PICK_CLUSTER`: 1 (or 0) a block a row, 2-8 that
+    /// size wherever it fits.
+    pub fn pick_cluster(&self, rows: usize, vocab: usize) -> u32 {
+        let forced = std::env::var("MLASERVE_PICK_CLUSTER")
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok());
+        let fits = |c: u32| self.clusters_fit("logits_pick", c, 1024);
+        match forced {
+            Some(c @ 2..=8) => return if fits(c) { c } else { 1 },
+            Some(_) => return 1,
+            None => {}
+        }
+        if vocab < 8192 || !self.has_clusters() {
+            return 1;
+        }
+        [8, 4, 2]
+            .into_iter()
+            .find(|&c| rows * c as usize <= self.sm_count && fits(c))
+            .unwrap_or(1)
     }
 
     /// LayerNorm (weight w, bias b) of `rows` rows of n (stride xs) in place.

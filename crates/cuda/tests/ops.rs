@@ -3524,7 +3524,10 @@ fn logits_pick(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 _ => {}
             }
         }
-        for (drawn, filtered) in [(false, false), (true, false), (true, true)] {
+        for (c, (drawn, filtered)) in pick_clusters(gpu)
+            .into_iter()
+            .flat_map(|c| [(false, false), (true, false), (true, true)].map(|k| (c, k)))
+        {
             let r4 = |rng: &mut Rng| rng.below(4);
             // filtered draws overwrite their rows: a fresh copy each pass
             let xd = gpu.upload(&x).unwrap();
@@ -3574,7 +3577,7 @@ fn logits_pick(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             let out = poisoned::<u32>(gpu, rows * 5);
             let at = |k: usize| out.ptr() + 4 * k as u64;
             let draws_at = dd.as_ref().map_or(0, |d| d.ptr());
-            gpu.logits_pick(rows, xd.ptr(), vocab, draws_at, at(0), at(rows * 4))
+            gpu.logits_pick_in(c, rows, xd.ptr(), vocab, draws_at, at(0), at(rows * 4))
                 .unwrap();
             let w = gpu.to_host(&out).unwrap();
             let differ = (0..rows)
@@ -3589,12 +3592,13 @@ fn logits_pick(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             rep.check(
                 "logits_pick",
                 format!(
-                    "rows{rows} V{vocab} {}",
+                    "rows{rows} V{vocab} {}{}",
                     match (drawn, filtered) {
                         (false, _) => "greedy",
                         (true, false) => "drawn",
                         (true, true) => "drawn, filtered",
-                    }
+                    },
+                    cluster_label(c)
                 ),
                 "f32>u32",
                 differ as f64,
@@ -3671,25 +3675,44 @@ fn logits_pick_random_filters(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 }
             })
             .collect();
-        let xd = gpu.upload(&x).unwrap();
+        let want: Vec<u32> = (0..rows)
+            .map(|r| RowPick::of(&x[r * vocab..][..vocab], draws[r]).token_id)
+            .collect();
         let words = mlaserve_cuda::executor::draw_words(&draws);
         let dd = gpu.upload(&words).unwrap();
-        let out = poisoned::<u32>(gpu, rows * 5);
-        let at = |k: usize| out.ptr() + 4 * k as u64;
-        gpu.logits_pick(rows, xd.ptr(), vocab, dd.ptr(), at(0), at(rows * 4))
-            .unwrap();
-        let w = gpu.to_host(&out).unwrap();
-        let differ = (0..rows)
-            .filter(|&r| {
-                w[rows * 4 + r] != RowPick::of(&x[r * vocab..][..vocab], draws[r]).token_id
-            })
-            .count();
-        rep.check(
-            "logits_pick",
-            format!("rows{rows} V{vocab} random filters"),
-            "f32>u32",
-            differ as f64,
-            0.0,
-        );
+        for c in pick_clusters(gpu) {
+            let xd = gpu.upload(&x).unwrap(); // filtered draws overwrite their rows
+            let out = poisoned::<u32>(gpu, rows * 5);
+            let at = |k: usize| out.ptr() + 4 * k as u64;
+            gpu.logits_pick_in(c, rows, xd.ptr(), vocab, dd.ptr(), at(0), at(rows * 4))
+                .unwrap();
+            let w = gpu.to_host(&out).unwrap();
+            let differ = (0..rows).filter(|&r| w[rows * 4 + r] != want[r]).count();
+            rep.check(
+                "logits_pick",
+                format!("rows{rows} V{vocab} random filters{}", cluster_label(c)),
+                "f32>u32",
+                differ as f64,
+                0.0,
+            );
+        }
+    }
+}
+
+/// The blocks a row `logits_pick` runs at in the op table: 1, and clusters of 2 and 8 (odd
+/// segments, empty ones at small vocabularies) where the GPU has clusters.
+fn pick_clusters(gpu: &Gpu) -> Vec<u32> {
+    if gpu.has_clusters() {
+        vec![1, 2, 8]
+    } else {
+        vec![1]
+    }
+}
+
+fn cluster_label(c: u32) -> String {
+    if c == 1 {
+        String::new()
+    } else {
+        format!(", clusters of {c}")
     }
 }

@@ -5,7 +5,7 @@
 //! can put a draw on either side of a CDF boundary. So the draw is done in integers:
 //! 1. each logit's probability relative to the row's max, `p = exp((l - max) / T)`, is
 //!    computed by [`softmax_prob`] from f32 adds and multiplies alone (no library `exp`, no
-//!    fused multiply-add), the same IEEE operations in `elementwise.cu`'s `softmax_prob`;
+//!    fused multiply-add), the same IEEE operations in `pick.cu`'s `softmax_prob`;
 //! 2. its weight is `p · 2^40` truncated to an integer ([`weight`]; tokens with
 //!    `p < 2^-40` weigh 0 and are never drawn);
 //! 3. a [`Filter`] keeps min-p (`p >= min_p`), top-k (the k best by rank: p descending, lower
@@ -133,7 +133,7 @@ impl RowPick {
 /// `exp((l - max) · inv_t)` for `l <= max` (a row's logit and its max), in `(0, 1]`, or 0
 /// where that is below `e^-28` (so weighs less than 1 in 2^40: -inf logits too). Range
 /// reduction to `2^n · 2^f`, `|f| <= 1/2`, then Cephes' degree-6 polynomial for `2^f` (about
-/// 2 ulp): only IEEE f32 adds and multiplies in a fixed order, which `elementwise.cu` repeats
+/// 2 ulp): only IEEE f32 adds and multiplies in a fixed order, which `pick.cu` repeats
 /// with `__fadd_rn` / `__fmul_rn` (never contracted to FMAs), so both give the same bits.
 #[inline]
 pub fn softmax_prob(l: f32, max: f32, inv_t: f32) -> f32 {
@@ -219,7 +219,7 @@ pub fn draw_kept(kept: &[(u32, f32)], random: u64) -> u32 {
 }
 
 /// The weight top-p's nucleus must reach: `ceil(top_p · total)` in f64 (`total` rounded to
-/// f64 first), at most `total`, as `elementwise.cu` computes it.
+/// f64 first), at most `total`, as `pick.cu` computes it.
 pub fn nucleus_target(total: u64, top_p: f32) -> u64 {
     ((top_p as f64 * total as f64).ceil() as u64).min(total)
 }

@@ -174,7 +174,7 @@ __device__ __forceinline__ int grp_owner(Grp& g, GrpWords* xw, unsigned long lon
     const unsigned long long incl = grp_scan(g, xw, v, mine, total);
     const int lane = threadIdx.x & 31;
     const unsigned hit = __ballot_sync(0xffffffffu, lane < g.size && incl > thr);
-    const int o = __ffs(hit) - 1;
+    const int o = hit ? __ffs(hit) - 1 : g.size - 1;  // none only under the lab defines
     base = __shfl_sync(0xffffffffu, incl - mine, o);
     return o;
 }
@@ -336,6 +336,10 @@ __device__ unsigned radix_key(Grp& g, int n, const float* prob, F f, unsigned lo
     for (int shift = 20; shift >= 0; shift -= 10) {
         const int h = g.hists++ & 1;
         for (int b = t; b < nb; b += blockDim.x) rs->lo[h][b] = rs->hi[h][b] = 0;
+        if (t == 0) {  // kept where no bin reaches target (only under the lab defines)
+            rs->prefix = prefix << 10;
+            rs->above = ab;
+        }
         __syncthreads();
 #ifdef PICK_LAB_NO_ATOMICS
         unsigned long long sink = 0;
@@ -551,7 +555,8 @@ __device__ void pick_row(Grp& g, GrpWords* xw, float* row, int vocab, const unsi
         unsigned long long mb;
         const unsigned long long incl = grp_scan(g, xw, bt, mb, total);
         const unsigned long long tg = __umul64hi(random, total);
-        owner = __ffs(__ballot_sync(0xffffffffu, lane < g.size && incl > tg)) - 1;
+        const unsigned hit = __ballot_sync(0xffffffffu, lane < g.size && incl > tg);
+        owner = hit ? __ffs(hit) - 1 : g.size - 1;  // always one: total > tg
         base = __shfl_sync(0xffffffffu, incl - mb, owner);
     }
     if (g.rank != owner) return;

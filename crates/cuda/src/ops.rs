@@ -282,7 +282,7 @@ impl Gpu {
         self.logits_pick_in(c, rows, logits, vocab, draws, out, picked)
     }
 
-    /// [`Gpu::logits_pick`] with `cluster` blocks a row (1: a block a row; 2-8: clusters,
+    /// [`Gpu::logits_pick`] with `cluster` blocks a row (0 or 1: a block a row; 2-8: clusters,
     /// where [`Gpu::clusters_fit`]).
     #[allow(clippy::too_many_arguments)]
     pub fn logits_pick_in(
@@ -298,7 +298,7 @@ impl Gpu {
         let vocab = vocab as i32;
         let cfg = Gpu::cfg(grid1(rows * cluster as usize), 1024);
         let args = args![logits, vocab, draws, out, picked];
-        if cluster == 1 {
+        if cluster <= 1 {
             return self.launch("logits_pick", cfg, &args);
         }
         if !self.clusters_fit("logits_pick", cluster, 1024) {

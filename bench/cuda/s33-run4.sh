@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 33, run 4: the landed build whole — op table (ops-report.json), e2e and graph tests —
+# Session 33, run 4: the landed build whole — op table (ops-report.json) and graph tests (e2e
+# left out: its binary and the wheels passed the carry limit) —
 # then serving at temperature 0.8, top-p 0.95 (bench/serving/bench_serving.py, 128 prompt / 64
 # output tokens, concurrency 1-16) against `mlaserve serve --device cuda` on the bf16
 # V2-Lite-shaped model with the picks split over clusters (default) and a block a row
@@ -17,7 +18,7 @@ S=$(date +%s); el() { echo "$(( $(date +%s) - S ))s"; }
 python3 -c "import httpx" 2>/dev/null || pip install -q --no-index --find-links .device/wheels httpx >> $L 2>&1
 ( timeout 200 $B/synth_model v2-lite /tmp/v2-bf16t.gguf --tokenizer-from models/default.gguf > /dev/null 2>&1; echo "== synth $(el)" >> $L ) &
 MLASERVE_OP_REPORT=$OUT/ops-report.json timeout 200 $B/ops --test-threads=1 > $OUT/tests.txt 2>&1; echo "ops rc=$? $(el)" >> $L
-MLASERVE_E2E_REPORT=$OUT/e2e-report.json timeout 150 $B/e2e --test-threads=2 >> $OUT/tests.txt 2>&1; echo "e2e rc=$? $(el)" >> $L
+echo "e2e: not carried (the carry limit)" >> $L
 timeout 60 $B/graphs --test-threads=1 >> $OUT/tests.txt 2>&1; echo "graphs rc=$? $(el)" >> $L
 grep -E "test result|FAILED|panicked|rows,|failing" $OUT/tests.txt | head -20 >> $L
 wait

@@ -127,9 +127,9 @@ __device__ __forceinline__ unsigned grp_ld32(const unsigned* p, int rank) {
     return *p;
 #endif
 }
-// Exchange words: a block publishes up to 4 block-uniform words into slot ops % 2.
+// Exchange words: a block publishes up to 3 block-uniform words into slot ops % 2.
 struct GrpWords {
-    unsigned long long w[2][4];
+    unsigned long long w[2][3];
 };
 // Publishes a, b, c (block-uniform) and returns the slot every block's words are in.
 __device__ __forceinline__ int grp_publish(Grp& g, GrpWords* xw, unsigned long long a,
@@ -162,16 +162,20 @@ __device__ __forceinline__ unsigned long long grp_sum(Grp& g, GrpWords* xw, unsi
     grp_scan(g, xw, v, mine, total);
     return total;
 }
-// The block whose segment holds the first running sum above thr (< the group's sum of v),
-// and the sum of the blocks before it (base), in every thread.
-__device__ __forceinline__ int grp_owner(Grp& g, GrpWords* xw, unsigned long long v,
-                                         unsigned long long thr, unsigned long long& base) {
+// The block whose segment holds the first running sum above thr = thr_of(the group's sum of
+// v, block-uniform), thr below that sum, and the sum of the blocks before it (base), in every
+// thread.
+template <class T>
+__device__ __forceinline__ int grp_owner(Grp& g, GrpWords* xw, unsigned long long v, T thr_of,
+                                         unsigned long long& thr, unsigned long long& base) {
     if (g.size == 1) {
+        thr = thr_of(v);
         base = 0;
         return 0;
     }
     unsigned long long mine, total;
     const unsigned long long incl = grp_scan(g, xw, v, mine, total);
+    thr = thr_of(total);
     const int lane = threadIdx.x & 31;
     const unsigned hit = __ballot_sync(0xffffffffu, lane < g.size && incl > thr);
     const int o = hit ? __ffs(hit) - 1 : g.size - 1;  // none only under the lab defines
@@ -281,8 +285,10 @@ template <class F>
 __device__ int grp_find(Grp& g, GrpWords* xw, F f, unsigned long long thr,
                         unsigned long long* red, int* found) {
     if (g.size == 1) return block_find(g.lo, g.hi, f, thr, red, found);
-    unsigned long long base;
-    const int o = grp_owner(g, xw, block_segments(g.lo, g.hi, f, red), thr, base);
+    unsigned long long t, base;
+    const int o = grp_owner(
+        g, xw, block_segments(g.lo, g.hi, f, red), [=](unsigned long long) { return thr; }, t,
+        base);
     const int j = g.rank == o ? block_find(g.lo, g.hi, f, thr - base, red, found) : -1;
     const int s = grp_publish(g, xw, (unsigned long long)(unsigned)j);
     return (int)(unsigned)grp_ld64(&xw->w[s][0], o);
@@ -549,18 +555,12 @@ __device__ void pick_row(Grp& g, GrpWords* xw, float* row, int vocab, const unsi
     __syncthreads();
     unsigned long long bt = 0;
     for (int w = 0; w < nw; ++w) bt += wsum[w];
-    unsigned long long total = bt, base = 0;
-    int owner = 0;
-    if (g.size > 1) {
-        unsigned long long mb;
-        const unsigned long long incl = grp_scan(g, xw, bt, mb, total);
-        const unsigned long long tg = __umul64hi(random, total);
-        const unsigned hit = __ballot_sync(0xffffffffu, lane < g.size && incl > tg);
-        owner = hit ? __ffs(hit) - 1 : g.size - 1;  // always one: total > tg
-        base = __shfl_sync(0xffffffffu, incl - mb, owner);
-    }
+    unsigned long long target, base;
+    const int owner = grp_owner(
+        g, xw, bt, [&](unsigned long long total) { return __umul64hi(random, total); }, target,
+        base);
     if (g.rank != owner) return;
-    const unsigned long long target = __umul64hi(random, total) - base;  // < bt: total >= 2^40
+    target -= base;  // < bt: the group's total >= 2^40 (the max's weight)
     if (threadIdx.x == 0) {
         unsigned long long b = 0;
         int w = 0;

@@ -21,6 +21,19 @@ fn stride_grid(n: usize) -> (u32, u32, u32) {
     (n.div_ceil(256).clamp(1, 65_535) as u32, 1, 1)
 }
 
+/// `MLASERVE_PICK_CLUSTER` as a number (read once; an unreadable value is said and ignored).
+fn forced_pick_cluster() -> Option<u32> {
+    static FORCED: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *FORCED.get_or_init(|| {
+        let v = std::env::var("MLASERVE_PICK_CLUSTER").ok()?;
+        let c = v.trim().parse::<u32>().ok().filter(|&c| c <= 8);
+        if c.is_none() {
+            tracing::warn!("MLASERVE_PICK_CLUSTER={v:?} is not 0-8: ignored");
+        }
+        c
+    })
+}
+
 /// Element type of a GEMM operand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemmType {
@@ -315,13 +328,10 @@ impl Gpu {
     /// (bench/cuda/v2lite.md, session 33), so where the rows leave SMs idle each row is split
     /// over a cluster of 8, 4 or 2 blocks (the most with `rows x C` within the SMs), for rows
     /// of 8,192 tokens and more. `MLASERVE_PICK_CLUSTER`: 1 (or 0) a block a row, 2-8 that
-    /// size wherever it fits.
+    /// size wherever it fits (else a block a row).
     pub fn pick_cluster(&self, rows: usize, vocab: usize) -> u32 {
-        let forced = std::env::var("MLASERVE_PICK_CLUSTER")
-            .ok()
-            .and_then(|v| v.trim().parse::<u32>().ok());
         let fits = |c: u32| self.clusters_fit("logits_pick", c, 1024);
-        match forced {
+        match forced_pick_cluster() {
             Some(c @ 2..=8) => return if fits(c) { c } else { 1 },
             Some(_) => return 1,
             None => {}

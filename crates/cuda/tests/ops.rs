@@ -3700,13 +3700,12 @@ fn logits_pick_random_filters(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
 }
 
 /// The blocks a row `logits_pick` runs at in the op table: 1, and clusters of 2 and 8 (odd
-/// segments, empty ones at small vocabularies) where the GPU has clusters.
+/// segments, empty ones at small vocabularies) where they fit on this GPU.
 fn pick_clusters(gpu: &Gpu) -> Vec<u32> {
-    if gpu.has_clusters() {
-        vec![1, 2, 8]
-    } else {
-        vec![1]
-    }
+    [1, 2, 8]
+        .into_iter()
+        .filter(|&c| c == 1 || gpu.clusters_fit("logits_pick", c, 1024))
+        .collect()
 }
 
 fn cluster_label(c: u32) -> String {

@@ -11,19 +11,24 @@
 // the bf16 rows are bit-identical to its output; block 0 also stores them in hnb if
 // non-null). x lives in shared memory (M * k bf16, dynamic). grid (ceil((r0 + r1) / 16)),
 // block 256: two rows a warp, both rows' loads in flight together.
-// A warp's two weight rows and the first four K steps of both, loaded before the wait on the
-// previous grid (weights are never written by a kernel): after the wait only x is fetched
-// before the first products, one memory round trip fewer on the step's critical path. So is
-// the norm's gamma where K <= 2,048 (8 registers a thread: gemv_gamma).
+// A warp's two weight rows and their first PRE K steps, loaded before the wait on the previous
+// grid (weights are never written by a kernel): after the wait only x is fetched before the
+// first products. One vector: PRE = 8, all of K up to 2,048, so no weight round trip is left
+// on the step's critical path (123 registers, two blocks an SM; session 34: b1 step −5 to −10
+// µs against 4 on an H100); more vectors: 4 (at 8 they take 140 registers, one block an SM). So is the norm's gamma where K <= 2,048
+// (8 registers a thread: gemv_gamma).
+template <int PRE>
 struct GemvRows {
     const bf16* w[2];
     float* out[2];
     int ld[2];
-    bool live;         // ra < rows: the warp has a row
-    uint4 a[4], b[4];  // K steps c = lane * 8 + 256 u, u < 4, of rows 0 and 1
+    bool live;             // ra < rows: the warp has a row
+    uint4 a[PRE], b[PRE];  // K steps c = lane * 8 + 256 u, u < PRE, of rows 0 and 1
 };
+__host__ __device__ constexpr int gemv_pre(int mt) { return mt == 1 ? 8 : 4; }
 
-__device__ __forceinline__ void gemv_rows(GemvRows& g, const bf16* w0, int r0, float* out0,
+template <int PRE>
+__device__ __forceinline__ void gemv_rows(GemvRows<PRE>& g, const bf16* w0, int r0, float* out0,
                                           int ld0, const bf16* w1, int r1, float* out1, int ld1,
                                           int k) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -39,11 +44,31 @@ __device__ __forceinline__ void gemv_rows(GemvRows& g, const bf16* w0, int r0, f
         g.ld[j] = first ? ld0 : ld1;
     }
 #pragma unroll
-    for (int u = 0; u < 4; u++) {
+    for (int u = 0; u < PRE; u++) {
         int c = lane * 8 + u * 256;
         if (c < k) {
             g.a[u] = *(const uint4*)(g.w[0] + c);
             g.b[u] = *(const uint4*)(g.w[1] + c);
+        }
+    }
+}
+
+// The products of one K step c (a lane's 8 values) of the warp's two rows with x's rows.
+template <int MT>
+__device__ __forceinline__ void gemv_step(float (&s)[2][MT], const uint4& a, const uint4& b,
+                                          const bf16* xs, int k, int m, int c) {
+    const bf16* aa = (const bf16*)&a;
+    const bf16* bb = (const bf16*)&b;
+#pragma unroll
+    for (int mi = 0; mi < MT; mi++) {
+        if (mi < m) {
+            uint4 xv = *(const uint4*)(xs + mi * k + c);
+            const bf16* xe = (const bf16*)&xv;
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                s[0][mi] += bf2f(aa[e]) * bf2f(xe[e]);
+                s[1][mi] += bf2f(bb[e]) * bf2f(xe[e]);
+            }
         }
     }
 }
@@ -59,8 +84,8 @@ __device__ __forceinline__ void gemv_gamma(float* gv, const float* gamma, int k)
     }
 }
 
-template <int MT>
-__device__ __forceinline__ void gemv_bf16_body(const GemvRows& g, const float* xf,
+template <int MT, int PRE>
+__device__ __forceinline__ void gemv_bf16_body(const GemvRows<PRE>& g, const float* xf,
                                                const float* gamma, float eps, const bf16* xb,
                                                int k, int m, int rows, int acc, bf16* hnb,
                                                const float* gpre) {
@@ -104,18 +129,22 @@ __device__ __forceinline__ void gemv_bf16_body(const GemvRows& g, const float* x
     for (int j = 0; j < 2; j++)
 #pragma unroll
         for (int mi = 0; mi < MT; mi++) s[j][mi] = 0.f;
-    // Four K steps of both rows requested before any is used: 8 loads of 16 bytes in flight
-    // a lane (a 2,048-row matrix gives only 128 blocks, one an SM: the loads in flight, not
-    // the warps, must cover the memory latency). The first four came with g.
-    for (int c0 = lane * 8; c0 < k; c0 += 4 * 32 * 8) {
+    // The steps that came with g, then the rest four at a time, each four requested before
+    // any is used: 8 loads of 16 bytes in flight a lane (a 2,048-row matrix gives only 128
+    // blocks, one an SM: the loads in flight, not the warps, must cover the memory latency).
+    // Every lane adds its steps in order of c, whichever loaded them.
+#pragma unroll
+    for (int u = 0; u < PRE; u++) {
+        const int c = lane * 8 + u * 256;
+        if (c >= k) break;
+        gemv_step<MT>(s, g.a[u], g.b[u], xs, k, m, c);
+    }
+    for (int c0 = lane * 8 + PRE * 256; c0 < k; c0 += 4 * 32 * 8) {
         uint4 a[4], b[4];
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             int c = c0 + u * 256;
-            if (c0 == lane * 8) {
-                a[u] = g.a[u];
-                b[u] = g.b[u];
-            } else if (c < k) {
+            if (c < k) {
                 a[u] = *(const uint4*)(g.w[0] + c);
                 b[u] = *(const uint4*)(g.w[1] + c);
             }
@@ -124,20 +153,7 @@ __device__ __forceinline__ void gemv_bf16_body(const GemvRows& g, const float* x
         for (int u = 0; u < 4; u++) {
             int c = c0 + u * 256;
             if (c >= k) break;
-            const bf16* aa = (const bf16*)&a[u];
-            const bf16* bb = (const bf16*)&b[u];
-#pragma unroll
-            for (int mi = 0; mi < MT; mi++) {
-                if (mi < m) {
-                    uint4 xv = *(const uint4*)(xs + mi * k + c);
-                    const bf16* xe = (const bf16*)&xv;
-#pragma unroll
-                    for (int e = 0; e < 8; e++) {
-                        s[0][mi] += bf2f(aa[e]) * bf2f(xe[e]);
-                        s[1][mi] += bf2f(bb[e]) * bf2f(xe[e]);
-                    }
-                }
-            }
+            gemv_step<MT>(s, a[u], b[u], xs, k, m, c);
         }
     }
 #pragma unroll
@@ -177,12 +193,12 @@ __device__ __forceinline__ void gemv_prefetch(const bf16* w0, int r0, const bf16
         int ld1, int acc, bf16* hnb, int prefetch) {                                           \
         MLA_WEIGHTS_FIRST();                                                                   \
         gemv_prefetch(w0, r0, w1, r1, k, prefetch);                                            \
-        GemvRows g;                                                                            \
+        GemvRows<gemv_pre(MT)> g;                                                              \
         gemv_rows(g, w0, r0, out0, ld0, w1, r1, out1, ld1, k);                                 \
         float gv[8];                                                                           \
         gemv_gamma(gv, gamma, k);                                                              \
         MLA_PDL();                                                                             \
-        gemv_bf16_body<MT>(g, xf, gamma, eps, xb, k, m, r0 + r1, acc, hnb, gv);                \
+        gemv_bf16_body<MT, gemv_pre(MT)>(g, xf, gamma, eps, xb, k, m, r0 + r1, acc, hnb, gv);                \
     }
 GEMV_BF16(1)
 GEMV_BF16(2)

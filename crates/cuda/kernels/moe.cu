@@ -402,7 +402,10 @@ extern "C" __global__ void moe_norm_route(const float* x, const float* gamma, fl
 // (route_row_warp), but each logit is one warp's dot (a warp sum, not a block sum: logits
 // equal to rounding, so near-ties may route otherwise) and the logits reach the block that
 // routes through distributed shared memory: no global ticket, no fence and no second trip
-// through L2 between the last logit and the routing (moe_norm_route's critical path).
+// through L2 between the last logit and the routing (moe_norm_route's critical path). Each
+// block keeps its logits in its own lg, a cluster barrier publishes them and block 0 pulls
+// them (session 34: −12 µs a V2-Lite b1 step against pushing them into block 0 before a
+// release barrier); the other blocks stay until it has read them.
 // grid (C, T), cluster (C, 1, 1), block 256: block r of token t takes logits
 // [r*E/C, (r+1)*E/C), its warp w those of them with index w mod 8. Where that is one logit a
 // warp (E == 8*C) and H <= 2,048, H % 128 == 0, the router row is read into registers before
@@ -415,6 +418,23 @@ extern "C" __global__ void moe_norm_route(const float* x, const float* gamma, fl
 // The host launches it where E % C == 0, H % 4 == 0, H <= MNR_CL_MAX_H,
 // E <= 256, K <= 32, ns <= 32, n_group <= 64 (route_row_warp's bounds).
 #define MNR_CL_MAX_H 8192
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// moe_norm_route_cl's routing of token t by block 0 from its lg: by rank (all its threads) where
+// `late` bit 1 asks and the config allows, else one warp with route_row_warp. Every thread
+// returns (the caller may wait at a cluster barrier after it).
+__device__ __forceinline__ void mnr_route(const float* lg, const float* bias, int e, int k, int ns,
+                                          int gating, int n_group, int topk_group, int norm,
+                                          float scale, int* ids, float* weights, int t, int late,
+                                          int warp, float* ch, float* gsc) {
+    const int ko = k + ns;
+    if ((late & 2) && route_row_rank(lg, bias, e, k, ns, gating, n_group, topk_group, norm, scale,
+                                     ids + (i64)t * ko, weights + (i64)t * ko, ch, gsc))
+        return;
+    if (warp != 0) return;
+    route_row_warp(lg, bias, e, k, ns, gating, n_group, topk_group, norm, scale, ids + (i64)t * ko,
+                   weights + (i64)t * ko, ch, gsc);
+}
+#endif
 extern "C" __global__ void __launch_bounds__(256) moe_norm_route_cl(
     const float* x, const float* gamma, float eps, int h, const float* router, bf16* hnb,
     float* logits, const float* bias, int e, int k, int ns, int gating, int n_group,
@@ -429,8 +449,6 @@ extern "C" __global__ void __launch_bounds__(256) moe_norm_route_cl(
     unsigned rank, csize;
     asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
     asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(csize));
-    // Arrive now, wait before the first remote store: every block of the cluster has started.
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
     const int t = blockIdx.y, nt = blockDim.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int per = e / (int)csize, j0 = (int)rank * per;
@@ -485,9 +503,6 @@ extern "C" __global__ void __launch_bounds__(256) moe_norm_route_cl(
     // that precede letting the next kernel in.
     if (rank == 0 && (late & 4)) __threadfence();
     __syncthreads();
-    unsigned lg0;
-    asm("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(lg0) : "r"(mla_smem(lg)));
-    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
     const float4* xs4 = (const float4*)xs;
     for (int jj = warp; jj < per; jj += 8) {
         const int j = j0 + jj;
@@ -509,20 +524,36 @@ extern "C" __global__ void __launch_bounds__(256) moe_norm_route_cl(
         d = warp_sum(d);
         if (lane == 0) {
             logits[(i64)t * e + j] = d;
-            asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(lg0 + 4u * j), "f"(d) : "memory");
+            lg[j] = d;
         }
     }
-    // Every logit of the token is in block 0's lg once this barrier completes.
+    // Each block's logits published by a barrier after local stores, then pulled by block 0 (a
+    // release over remote stores costs ~3x a plain barrier: mla_attn_cl's q_lat, session 18).
+    // This barrier is the cluster's first, so every block has started before any remote read.
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
     if (late & 1) MLA_PDL_LAUNCH();
-    if (rank != 0) return;
-    const int ko = k + ns;
-    if ((late & 2) && route_row_rank(lg, bias, e, k, ns, gating, n_group, topk_group, norm, scale,
-                                     ids + (i64)t * ko, weights + (i64)t * ko, ch, gsc))
+    if (rank != 0) {
+        // Stay until block 0 has read this block's lg.
+        asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
         return;
-    if (warp != 0) return;
-    route_row_warp(lg, bias, e, k, ns, gating, n_group, topk_group, norm, scale, ids + (i64)t * ko,
-                   weights + (i64)t * ko, ch, gsc);
+    }
+    for (int i = threadIdx.x; i < e; i += nt) {
+        const unsigned b = (unsigned)(i / per);
+        if (b != 0) {
+            unsigned a;
+            asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(mla_smem(&lg[i])), "r"(b));
+            float v;
+            asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
+            lg[i] = v;
+        }
+    }
+    __syncthreads();
+    // The remote reads are done (their values stored above): let the other blocks go.
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+    mnr_route(lg, bias, e, k, ns, gating, n_group, topk_group, norm, scale, ids, weights, t,
+              late, warp, ch, gsc);
+    // Not .aligned: warp 0 may come here from route_row_warp after the others.
+    asm volatile("barrier.cluster.wait;\n" ::: "memory");
 #else
     __trap();
 #endif

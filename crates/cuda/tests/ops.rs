@@ -282,7 +282,8 @@ fn gemms(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
 
 /// The decode GEMV (gemv.rs): 1-4 rows, one or two matrices (row counts that split a block
 /// and end on an odd row), plain and accumulating, x bf16 or normalized in the prologue — its
-/// bf16 rows bit for bit rms_norm's, its products against f64 over those rows.
+/// bf16 rows bit for bit rms_norm's, its products against f64 over those rows. K covers the
+/// steps loaded before the wait (8 at one row, 4 at more), partial ones, and the loop past them.
 fn gemv(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     use mlaserve_cuda::gemv::{GemvMat, GemvX};
     for &(m, k, r0, r1) in &[
@@ -290,6 +291,9 @@ fn gemv(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         (2, 264, 16, 0),
         (3, 512, 7, 90),
         (4, 2048, 576, 0),
+        (1, 264, 33, 5),
+        (1, 4104, 20, 3),
+        (2, 1288, 9, 0),
     ] {
         let w0 = round_bf(&rng.vec(r0 * k, 0.1));
         let w1 = round_bf(&rng.vec(r1 * k, 0.1));

@@ -3,7 +3,8 @@
 // makes x in its prologue, and (where the host asks: gemv.rs) an L2 prefetch of the block's
 // weight rows issued before the wait on the previous grid (weights are never written by a
 // kernel, so that read cannot race; with PDL it overlaps the previous kernel's tail), and each
-// warp's first four K steps loaded into registers before that wait too (GemvRows).
+// warp's first K steps loaded into registers before that wait too (GemvRows: all of K <= 2,048
+// at one vector).
 //
 // out_j[m, r] (= or +=) W_j[r, :] . x[m, :] for j = 0, 1; W_j bf16 [r_j, k], out_j f32 with
 // row stride ld_j. x is xb bf16 [M, k] (row stride k), or, where gamma is non-null,
@@ -14,9 +15,9 @@
 // A warp's two weight rows and their first PRE K steps, loaded before the wait on the previous
 // grid (weights are never written by a kernel): after the wait only x is fetched before the
 // first products. One vector: PRE = 8, all of K up to 2,048, so no weight round trip is left
-// on the step's critical path (123 registers, two blocks an SM; session 34: b1 step −5 to −10
-// µs against 4 on an H100); more vectors: 4 (at 8 they take 140 registers, one block an SM). So is the norm's gamma where K <= 2,048
-// (8 registers a thread: gemv_gamma).
+// on the step's critical path (123 registers, two blocks an SM; session 34: a V2-Lite b1 step
+// −5 µs against 4 on an H100); more vectors: 4 (at 8 they take 140 registers, one block an
+// SM). So is the norm's gamma where K <= 2,048 (8 registers a thread: gemv_gamma).
 template <int PRE>
 struct GemvRows {
     const bf16* w[2];
@@ -198,7 +199,7 @@ __device__ __forceinline__ void gemv_prefetch(const bf16* w0, int r0, const bf16
         float gv[8];                                                                           \
         gemv_gamma(gv, gamma, k);                                                              \
         MLA_PDL();                                                                             \
-        gemv_bf16_body<MT, gemv_pre(MT)>(g, xf, gamma, eps, xb, k, m, r0 + r1, acc, hnb, gv);                \
+        gemv_bf16_body<MT, gemv_pre(MT)>(g, xf, gamma, eps, xb, k, m, r0 + r1, acc, hnb, gv);  \
     }
 GEMV_BF16(1)
 GEMV_BF16(2)

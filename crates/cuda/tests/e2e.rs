@@ -48,6 +48,16 @@ const BOUND_QUANT: Bound = Bound {
     median: 5e-2,
     agree: 0.85,
 };
+/// GLM-DSA's Q4_K_M file: the CPU's own rounding decides near-ties here. Its agreement was
+/// 0.886 (session 13), 0.859 (27) and 0.845 (34) as either side's rounding changed: in session
+/// 34 the GPU's logits did not move, the CPU's did — f4dd545 defined a Q4_K row as the scalar
+/// vec_dot's sums, which flipped 3 of the 220 reference rows' argmax (a routing or top-k
+/// near-tie: each row moved by 0.17) and nothing else (bench/cuda/v2lite.md, session 35). A
+/// wrong kernel agrees on ~1 row in 512 and fails the median bound by far.
+const BOUND_Q4K: Bound = Bound {
+    median: 5e-2,
+    agree: 0.8,
+};
 
 /// A CPU greedy step is decisive when its top-2 logit gap is at least this share of max|logit|.
 const DECISIVE_GAP: f32 = 0.05;
@@ -66,7 +76,7 @@ fn files() -> Vec<(&'static str, String, Bound)> {
         "deepseek_v3-legacy-f32.gguf".into(),
         BOUND_F32,
     ));
-    v.push(("glm_moe_dsa", "glm_moe_dsa-q4_k_m.gguf".into(), BOUND_QUANT));
+    v.push(("glm_moe_dsa", "glm_moe_dsa-q4_k_m.gguf".into(), BOUND_Q4K));
     v
 }
 

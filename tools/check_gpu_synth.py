@@ -6,8 +6,9 @@ qk = v = 256, so only such models take them through the executor.
 Models (written here by `synth_model`): `l512-tiny` and `l512-tiny-dsa` (64 heads, kv_lora 512;
 the second with GLM-5's DSA indexer), and one-layer `v2-lite` (qk 192 / v 128) and `glm5`
 (qk = v = 256). For each, `mlaserve logits` over one prompt on the CPU and on the GPU, for the
-unabsorbed prefill (`mha`), the absorbed path (`mqa`, the decode kernels over the paged cache)
-and prefill in chunks of 7 over cached context. Per path it prints the row error
+unabsorbed prefill (`mha`), the absorbed path (`mqa`, the decode kernels over the paged cache),
+prefill in chunks of 7 over cached context, and one token a step (`decode`, `decode-cl`: the
+one-token steps' cluster attention, which no fixture reaches). Per path it prints the row error
 max|gpu - cpu| / max|cpu| of each position (median and max over the prompt) and the argmax
 agreement, and exits 1 where the median passes 2% or the agreement falls under 90%: the e2e
 test's bounds for bf16 files (crates/cuda/tests/e2e.rs), statistical for the same reason — a
@@ -15,7 +16,7 @@ DSA top-k near-tie flipped by bf16 noise moves a row by far more than the noise.
 
     python3 tools/check_gpu_synth.py --mlaserve target/release/mlaserve \\
         --synth target/release/examples/synth_model [--device cuda] [--dir /tmp/synth] \\
-        [--models l512-tiny,glm5]
+        [--models l512-tiny,glm5] [--paths mqa,decode]
 
 Needs numpy. With --device cpu it checks the script itself (GPU = CPU).
 """
@@ -35,13 +36,21 @@ MODELS = {
     "v2-lite": (["--layers", "1"], 300),
     "glm5": (["--layers", "1"], 300),
 }
-PATHS = {"mha": ["--attention-path", "mha"], "mqa": ["--attention-path", "mqa"],
-         "chunked": ["--prefill-chunk", "7"]}
+# name: (arguments, environment of the GPU run). `decode` gives one token a step, so a
+# one-token step of at most 16 (token, head) pairs takes the cluster attention (`mla_attn_cl`,
+# V2-Lite's 16 heads) by the default rule; `decode-cl` makes every one-token step take it
+# (MLASERVE_CLUSTER_ATTN=all: the 64-head models). Layers with a DSA indexer never do: the
+# executor moves the latent row's finish into the attention only over dense key lists.
+PATHS = {"mha": (["--attention-path", "mha"], {}), "mqa": (["--attention-path", "mqa"], {}),
+         "chunked": (["--prefill-chunk", "7"], {}),
+         "decode": (["--prefill-chunk", "1"], {}),
+         "decode-cl": (["--prefill-chunk", "1"], {"MLASERVE_CLUSTER_ATTN": "all"})}
 
 
-def logits(exe, model, tokens, device, extra, out):
+def logits(exe, model, tokens, device, extra, out, env=None):
     cmd = [exe, "logits", "--model", model, "--tokens", tokens, "--out", out, "--device", device] + extra
-    run = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    run = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, **(env or {})})
     if run.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{run.stderr}")
     return np.load(out)
@@ -54,6 +63,7 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dir", default="/tmp/synth")
     ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--paths", default=",".join(PATHS))
     args = ap.parse_args()
     os.makedirs(args.dir, exist_ok=True)
     ok = True
@@ -64,11 +74,14 @@ def main():
         tokens = ",".join(str((i * 37) % 1024) for i in range(n))
         model = os.path.join(args.dir, shape + ".gguf")
         subprocess.run([args.synth, shape, model] + synth_args, check=True, stdout=subprocess.DEVNULL)
-        for name, extra in PATHS.items():
+        for name in args.paths.split(","):
+            if name not in PATHS:
+                sys.exit(f"--paths: unknown path {name!r} (one of {', '.join(PATHS)})")
+            extra, env = PATHS[name]
             cpu = logits(args.mlaserve, model, tokens, "cpu", extra,
                          os.path.join(args.dir, f"{shape}-{name}-cpu.npy"))
             gpu = logits(args.mlaserve, model, tokens, args.device, extra,
-                         os.path.join(args.dir, f"{shape}-{name}-{args.device}.npy"))
+                         os.path.join(args.dir, f"{shape}-{name}-{args.device}.npy"), env)
             cpu, gpu = cpu.reshape(n, -1), gpu.reshape(n, -1)
             rows = np.abs(gpu - cpu).max(-1) / np.abs(cpu).max(-1)
             med, worst = float(np.median(rows)), float(rows.max())

@@ -154,6 +154,23 @@ __device__ __forceinline__ unsigned mla_smem(const void* p) {
     return r;
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// The address of this block's shared-memory object p in block `block` of the cluster
+// (distributed shared memory), for ld.shared::cluster.
+__device__ __forceinline__ unsigned cl_remote(const void* p, unsigned block) {
+    unsigned r;
+    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(mla_smem(p)), "r"(block));
+    return r;
+}
+
+// One float of a block of the cluster (an address from cl_remote).
+__device__ __forceinline__ float cl_ld_f32(unsigned addr) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+    return v;
+}
+#endif
+
 __device__ float block_max(float v, float* red) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     v = warp_max(v);

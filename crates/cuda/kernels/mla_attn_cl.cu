@@ -66,18 +66,6 @@ struct MacSmem {
 static_assert(sizeof(MacSmem) == 101392, "mla_cluster.rs SMEM must be sizeof(MacSmem)");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ unsigned mac_remote(const void* p, unsigned block) {
-    unsigned r;
-    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(mla_smem(p)), "r"(block));
-    return r;
-}
-
-__device__ __forceinline__ float mac_ld(unsigned addr) {
-    float v;
-    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
-    return v;
-}
-
 // Two consecutive floats (8-byte aligned) of a block of the cluster.
 __device__ __forceinline__ float2 mac_ld2(unsigned addr) {
     float2 v;
@@ -275,8 +263,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
     {
         const int f = 2 * tid, b = f / MAC_LS;
         if (b != (int)rank) {
-            const unsigned a = mac_remote(&S.q_lat[f], b);
-            const float x0 = mac_ld(a), x1 = mac_ld(a + 4);
+            const unsigned a = cl_remote(&S.q_lat[f], b);
+            const float x0 = cl_ld_f32(a), x1 = cl_ld_f32(a + 4);
             S.q_lat[f] = x0;
             S.q_lat[f + 1] = x1;
         }
@@ -394,10 +382,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             const int b = q4 + 4 * e;
-            const float2 ml = mac_ld2(mac_remote(&S.ml[0], b));
+            const float2 ml = mac_ld2(cl_remote(&S.ml[0], b));
             mb[e] = ml.x;
             lb[e] = ml.y;
-            ob[e] = mac_ld(mac_remote(&S.o_part[c], b));
+            ob[e] = cl_ld_f32(cl_remote(&S.o_part[c], b));
         }
         float mx = -INFINITY;
 #pragma unroll
@@ -446,7 +434,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mla_attn_cl(
         float pb[MAC_CL];
 #pragma unroll
         for (int b = 0; b < MAC_CL; b++)
-            pb[b] = b == (int)rank ? S.outp[vr] : mac_ld(mac_remote(&S.outp[vr], b));
+            pb[b] = b == (int)rank ? S.outp[vr] : cl_ld_f32(cl_remote(&S.outp[vr], b));
 #pragma unroll
         for (int b = 0; b < MAC_CL; b++) x += pb[b];
     }

@@ -539,13 +539,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_norm_route_cl(
     }
     for (int i = threadIdx.x; i < e; i += nt) {
         const unsigned b = (unsigned)(i / per);
-        if (b != 0) {
-            unsigned a;
-            asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(mla_smem(&lg[i])), "r"(b));
-            float v;
-            asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
-            lg[i] = v;
-        }
+        if (b != 0) lg[i] = cl_ld_f32(cl_remote(&lg[i], b));
     }
     __syncthreads();
     // The remote reads are done (their values stored above): let the other blocks go.

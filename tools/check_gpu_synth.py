@@ -65,6 +65,10 @@ def main():
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--paths", default=",".join(PATHS))
     args = ap.parse_args()
+    paths = args.paths.split(",")
+    for name in paths:
+        if name not in PATHS:
+            sys.exit(f"--paths: unknown path {name!r} (one of {', '.join(PATHS)})")
     os.makedirs(args.dir, exist_ok=True)
     ok = True
     for shape in args.models.split(","):
@@ -74,12 +78,13 @@ def main():
         tokens = ",".join(str((i * 37) % 1024) for i in range(n))
         model = os.path.join(args.dir, shape + ".gguf")
         subprocess.run([args.synth, shape, model] + synth_args, check=True, stdout=subprocess.DEVNULL)
-        for name in args.paths.split(","):
-            if name not in PATHS:
-                sys.exit(f"--paths: unknown path {name!r} (one of {', '.join(PATHS)})")
+        cpus = {}  # the CPU's logits by arguments (decode and decode-cl differ only on the GPU)
+        for name in paths:
             extra, env = PATHS[name]
-            cpu = logits(args.mlaserve, model, tokens, "cpu", extra,
-                         os.path.join(args.dir, f"{shape}-{name}-cpu.npy"))
+            if tuple(extra) not in cpus:
+                cpus[tuple(extra)] = logits(args.mlaserve, model, tokens, "cpu", extra,
+                                            os.path.join(args.dir, f"{shape}-{name}-cpu.npy"))
+            cpu = cpus[tuple(extra)]
             gpu = logits(args.mlaserve, model, tokens, args.device, extra,
                          os.path.join(args.dir, f"{shape}-{name}-{args.device}.npy"), env)
             cpu, gpu = cpu.reshape(n, -1), gpu.reshape(n, -1)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Prepared in session 35 for session 36's first run (not run): what each part of mla_attn_cl
+# Prepared in session 35, run as session 36's first run (figures in v2lite.md, the raw output
+# lost; session 37's s37-run1.sh measured the cuts again): what each part of mla_attn_cl
 # costs the b1 step. Session 35 found that the kernel's phase medians do not predict the step
 # (a column split that removed two of four cluster exchanges was +34 µs; three shorter
 # pre-wait chains moved nothing), so this cuts the kernel short at three points and lets the

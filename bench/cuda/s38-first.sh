@@ -8,8 +8,11 @@
 #   MAC_LAB_BULK  the first chunk by the copy engine: warp 0 issues one cp.async.bulk a row on
 #                 an mbarrier (mla_decode.cu's helpers), the scores wait on its phase. If the
 #                 copies' issue is the cost, the pre-wait shrinks by most of 3,850 clocks.
-#   MAC_LAB_HALF  half of each row copied (wrong results): if L2's bandwidth is the cost, the
-#                 pre-wait shrinks by about half of it.
+#   MAC_LAB_HALF  half of each row copied (wrong results): half the requests and half the bytes,
+#                 so it says whether the copies matter at all; with BULK (the same bytes, no
+#                 thread issuing them) it tells issue from bytes. Its rows' second halves hold
+#                 stale shared memory (most likely the previous layer's rows, finite): if its
+#                 step moves more than the attention could, suspect the routing's traffic.
 # The op table's attn_cluster family under BULK first (it must pass before its times count).
 # Build machine: git apply bench/cuda/attn-pretrace-s37.patch bench/cuda/attn-bulk-s37.patch;
 #   the usual builds; LABS=0 tools/device/pack.sh; cp this .device/next.sh;

@@ -11,9 +11,11 @@
 # memory once for two heads; 64 blocks, one an SM (185 registers, 108,696 bytes of shared
 # memory), against 128 two an SM; each head's sums in the same order, so the same bits.
 # The Rust side (mla_cluster.rs) launches T * N/2 * 8 blocks when MLASERVE_KERNEL_DEFINES
-# holds -DMAC_H2. The patched source without the define (generic over MAC_HB = 1, 124
-# registers) compiles to another cubin than the landed one, so the landed kernel runs too
-# (decode_profile_old).
+# holds -DMAC_H2 (or -DMAC_H2=...). The patched source without the define (generic over
+# MAC_HB = 1, 124 registers) compiles to SASS a shift and some reordering away from the landed
+# one (cuobjdump), so the landed kernel runs too (decode_profile_old). A helper's read of the
+# patch (session 38) found no bug: barriers, per-head shared arrays, the v2 load's alignment,
+# the struct's size and the Rust grid agree.
 # Build machine: cargo build --release -p mlaserve-cuda --example decode_profile on the
 #   landed tree, cp target/release/examples/decode_profile /tmp/decode_profile_landed;
 #   git apply bench/cuda/attn-h2-s38.patch; the usual builds;

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Prepared in session 37 for the next session's first run (not run: no device time left).
+# Prepared in session 37, run as session 38's run 1 (v2lite-s38-run1.txt; v2lite.md, "Thirty-eighth
+# session"): BULK +11 µs a step, HALF's step not the attention's (only its trace counts).
 # Session 37's run 3 found mla_attn_cl's ~4.5 µs before its PDL wait spent issuing requests:
 # the weights' loads (~2,000 clocks) and the first chunk's cp.async copies (~3,850 clocks,
 # 65 rows x 1,152 bytes a block; each head's cluster copies the same rows). Two labs on top of

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Prepared in session 38 for the next session's first run (not run: eleven refused starts
-# spent the session's device time after its run 1).
+# spent the session's device time after its run 1). Session 39 did not run it as written: its
+# MAC_H2 build ran in s39-run1.sh beside that session's one-grid build (+33 µs a step;
+# v2lite.md, "Thirty-ninth session").
 # mla_attn_cl with two heads of a token a cluster (`attn-h2-s38.patch`, lab define MAC_H2).
 # Session 38's run 1 (`s38-first.sh`) found the first chunk's copies cost the same issued by
 # the copy engine (BULK +11 µs a step; its copies' phase 4,396 clocks against 3,850), so the

@@ -107,7 +107,6 @@ __device__ __forceinline__ uint4 lab_ld(const uint4* p) {
 // sink[0] only if it is a value no test input gives, so the loads stay. grid any, block 256.
 template <int U, int HINT>
 __device__ __forceinline__ void lab_read_body(const uint4* src, long long n16, unsigned* sink) {
-    MLA_PDL();
     const long long stride = (long long)gridDim.x * blockDim.x;
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     unsigned acc = 0;
@@ -129,7 +128,8 @@ __device__ __forceinline__ void lab_read_body(const uint4* src, long long n16, u
 #define LAB_READ(NAME, U, HINT)                                                               \
     extern "C" __global__ void __launch_bounds__(256, U == 1 ? 8 : 4) NAME(                    \
         const uint4* src, long long n16, unsigned* sink) {                                     \
-        lab_read_body<U, HINT>(src, n16, sink);                                             \
+        MLA_PDL();                                                                             \
+        lab_read_body<U, HINT>(src, n16, sink);                                               \
     }
 LAB_READ(lab_read_u1, 1, 0)
 LAB_READ(lab_read_u4, 4, 0)
@@ -143,7 +143,6 @@ LAB_READ(lab_read_u8h, 8, 1)
 // (rows / 16), a row pair a warp, as moe_gemv_swiglu; 1: any grid, warps walk the row pairs.
 template <int S, int PERSIST>
 __device__ __forceinline__ void lab_rows_body(const bf16* src, int rows, int n, unsigned* sink) {
-    MLA_PDL();
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     const int w0 = blockIdx.x * warps + (threadIdx.x >> 5);
     const int step = PERSIST ? gridDim.x * warps : rows;
@@ -173,6 +172,7 @@ __device__ __forceinline__ void lab_rows_body(const bf16* src, int rows, int n, 
 #define LAB_ROWS(NAME, S, PERSIST)                                                           \
     extern "C" __global__ void __launch_bounds__(256, S == 8 ? 2 : 4) NAME(                   \
         const bf16* src, int rows, int n, unsigned* sink) {                                    \
+        MLA_PDL();                                                                             \
         lab_rows_body<S, PERSIST>(src, rows, n, sink);                                       \
     }
 LAB_ROWS(lab_rows_s4, 4, 0)
@@ -199,7 +199,6 @@ template <int MODE>
 __device__ __forceinline__ void lab_swiglu_body(const bf16* w, const unsigned long long* w_ptrs,
                                                 const int* ids, const bf16* x, int n, int f,
                                                 bf16* act, unsigned* sink) {
-    MLA_PDL();
     const int lane = threadIdx.x & 31, i = blockIdx.x * 8 + (threadIdx.x >> 5), p = blockIdx.y;
     if (i >= f) return;
     const bf16* wp = MODE == 2 ? (const bf16*)w_ptrs[ids[p]] : w + (i64)p * 2 * f * n;
@@ -235,6 +234,7 @@ __device__ __forceinline__ void lab_swiglu_body(const bf16* w, const unsigned lo
     extern "C" __global__ void BOUNDS NAME(const bf16* w, const unsigned long long* w_ptrs,    \
                                     const int* ids, const bf16* x, int n, int f, bf16* act,    \
                                     unsigned* sink) {                                          \
+        MLA_PDL();                                                                             \
         lab_swiglu_body<MODE>(w, w_ptrs, ids, x, n, f, act, sink);                             \
     }
 LAB_SWIGLU(lab_swiglu_m0, 0, __launch_bounds__(256, 4))

@@ -11,6 +11,8 @@
 #    2 found the arithmetic 2.5 of the 3.6 µs swiglu loses to its loads; the same registers,
 #    4 blocks an SM: swiglu 62, combine 56; the same sums in the same order). Each: the moe op
 #    family under it, read_bw's expert rows.
+# 3. read_bw's dense GEMV rows (new after run 2): gemv_bf16_m1 on lm_head (419 MB, one launch
+#    a step) and layer 0's MLP, against the read ceiling.
 # Build machine: git apply bench/cuda/moe-lab-s40.patch; cargo build --release -p mlaserve-cuda
 # --examples, synth_model, the ops test binary; read_bw, decode_profile, synth_model, ops
 # packed by hand into .device/pkg/bins.tar.xz; git checkout the patch out; cp this
@@ -36,7 +38,7 @@ for r in 1 2; do
   done
 done
 echo "== read_bw (landed kernels): its expert rows" >> $L
-timeout 150 $B/read_bw 2>&1 | grep -E "lab_read_u4 x 8|lab_copy|swiglu|moe_|sink" >> $L
+timeout 150 $B/read_bw 2>&1 | grep -E "lab_read_u4 x 8|lab_copy|swiglu|moe_|gemv_bf16|sink" >> $L
 for v in "${VARS[@]}"; do
   echo "== read_bw [$v]: its expert rows" >> $L
   MLASERVE_KERNEL_DEFINES="$v" timeout 150 $B/read_bw 2>&1 | grep -E "moe_|sink" >> $L

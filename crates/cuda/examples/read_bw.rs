@@ -18,7 +18,8 @@
 //!    experts of V2-Lite's shape: gate|up [2816, 2048], down [2048, 1408]; the ids rotate over
 //!    the experts), alone and as the step's pair; before them `moe_gemv_swiglu` taken apart
 //!    (`lab_swiglu_m{0,1,2}`: its loads alone, with its arithmetic, with its lookup of the
-//!    matrix after the wait).
+//!    matrix after the wait);
+//! 5. the dense bf16 GEMV at one row on lm_head and layer 0's MLP (the step's other large reads).
 //!
 //! Every launch carries PDL as the engine's do, back to back between CUDA events (median of
 //! 15 batches, `common::time_us`). GB/s = bytes a launch / µs a launch.
@@ -206,6 +207,30 @@ fn main() -> Res<()> {
     };
     let us = common::time_us(&gpu, &pair, 3, 15, 20)?;
     row("swiglu then combine (the step's pair)", 8 * (gu_bytes + dn_bytes), us);
+    // 5. The dense bf16 GEMV at one row (`gemv_bf16_m1`) on the step's largest reads: lm_head
+    //    [102400, 2048] (419 MB, one launch a step) and layer 0's MLP (gate|up [21888, 2048],
+    //    down [2048, 10944]).
+    let y = gpu.alloc::<f32>(102_400)?;
+    let xk = gpu.upload(&common::random_bf16(10_944, 9))?;
+    for (label, rows, k) in [
+        ("gemv_bf16_m1 lm_head [102400, 2048]", 102_400usize, 2048usize),
+        ("gemv_bf16_m1 layer 0 gate|up [21888, 2048]", 21_888, 2048),
+        ("gemv_bf16_m1 layer 0 down [2048, 10944]", 2048, 10_944),
+    ] {
+        let bytes = rows * k * 2;
+        let slots = pool_bytes / bytes;
+        let run = |i: usize| {
+            let mat = mlaserve_cuda::gemv::GemvMat {
+                w: pool.ptr() + ((i % slots) * bytes) as u64,
+                rows,
+                out: y.ptr(),
+                ld: rows,
+            };
+            gpu.gemv_bf16(1, k, mlaserve_cuda::gemv::GemvX::Bf16(xk.ptr()), &[mat], false)
+        };
+        let us = common::time_us(&gpu, &run, 3, 15, if bytes > 200_000_000 { 5 } else { 20 })?;
+        row(label, bytes, us);
+    }
     let s = gpu.to_host(&sink)?;
     let o = gpu.to_host(&xo)?;
     println!(

@@ -92,12 +92,12 @@ __device__ __forceinline__ uint4 lab_ld(const uint4* p) {
     uint4 v;
     if constexpr (HINT == 0) {
         asm("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "l"(p));
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p));
     } else {
         asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "l"(p));
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p));
     }
     return v;
 }
@@ -123,8 +123,8 @@ __device__ __forceinline__ void lab_read_body(const uint4* src, long long n16, u
     }
     if (acc == 0x9e3779b9u) sink[0] = acc;
 }
-// (Bounds of 4 blocks an SM, 8 for U = 1: at the default ptxas keeps 32 registers and
-// consumes a load before it issues the fifth.)
+// (Bounded for 4 blocks an SM, 8 at U = 1: unbounded, ptxas keeps 32 registers and consumes
+// a load before it issues the fifth. Asm without volatile: ptxas may schedule the loads.)
 #define LAB_READ(NAME, U, HINT)                                                               \
     extern "C" __global__ void __launch_bounds__(256, U == 1 ? 8 : 4) NAME(                    \
         const uint4* src, long long n16, unsigned* sink) {                                     \

@@ -55,7 +55,11 @@ fn main() -> Res<()> {
     let pool = gpu.alloc_filled::<u8>(pool_bytes, 0x3c)?; // bf16 0x3c3c: finite everywhere
     let dst = gpu.alloc::<u8>(512 << 20)?;
     let sink = gpu.alloc::<u32>(1)?;
-    println!("{} SMs; pool {} MiB; block 256 threads", sm, pool_bytes >> 20);
+    println!(
+        "{} SMs; pool {} MiB; block 256 threads",
+        sm,
+        pool_bytes >> 20
+    );
 
     // 1. Pure reads.
     let swiglu_bytes = 8 * 2816 * 2048 * 2; // 92.3 MB
@@ -93,7 +97,12 @@ fn main() -> Res<()> {
     ] {
         let run = |i: usize| {
             let src = pool.ptr() + ((i % slots) * swiglu_bytes) as u64;
-            let args = [Arg::P(src), Arg::I(rows as i32), Arg::I(n as i32), Arg::P(sink.ptr())];
+            let args = [
+                Arg::P(src),
+                Arg::I(rows as i32),
+                Arg::I(n as i32),
+                Arg::P(sink.ptr()),
+            ];
             gpu.launch(name, Gpu::cfg((grid, 1, 1), 256), &args)
         };
         let us = common::time_us(&gpu, &run, 3, 15, 20)?;
@@ -151,7 +160,11 @@ fn main() -> Res<()> {
             act.ptr(),
             1i32
         ];
-        gpu.launch("moe_gemv_swiglu", Gpu::cfg((f.div_ceil(8) as u32, 8, 1), 256), &args)
+        gpu.launch(
+            "moe_gemv_swiglu",
+            Gpu::cfg((f.div_ceil(8) as u32, 8, 1), 256),
+            &args,
+        )
     };
     let combine = |i: usize| {
         let id = ids.ptr() + ((i % 8) * 8 * 4) as u64;
@@ -171,13 +184,20 @@ fn main() -> Res<()> {
             xo.ptr(),
             1i32
         ];
-        gpu.launch("moe_gemv_combine", Gpu::cfg((h.div_ceil(4) as u32, 1, 1), 256), &args)
+        gpu.launch(
+            "moe_gemv_combine",
+            Gpu::cfg((h.div_ceil(4) as u32, 1, 1), 256),
+            &args,
+        )
     };
     // moe_gemv_swiglu taken apart (lab_swiglu_m*): its loads alone, with its arithmetic,
     // with its lookup of the matrix after the wait; then the kernel itself.
     for (name, label) in [
         ("lab_swiglu_m0", "lab_swiglu_m0 (its loads only)"),
-        ("lab_swiglu_m1", "lab_swiglu_m1 (+ dots, sums, SwiGLU, store)"),
+        (
+            "lab_swiglu_m1",
+            "lab_swiglu_m1 (+ dots, sums, SwiGLU, store)",
+        ),
         ("lab_swiglu_m2", "lab_swiglu_m2 (+ ids[p] -> pointer table)"),
     ] {
         let run = |i: usize| {
@@ -198,22 +218,38 @@ fn main() -> Res<()> {
         row(label, 8 * gu_bytes, us);
     }
     let us = common::time_us(&gpu, &swiglu, 3, 15, 20)?;
-    row("moe_gemv_swiglu (8 pairs, gate|up 2816 x 2048)", 8 * gu_bytes, us);
+    row(
+        "moe_gemv_swiglu (8 pairs, gate|up 2816 x 2048)",
+        8 * gu_bytes,
+        us,
+    );
     let us = common::time_us(&gpu, &combine, 3, 15, 20)?;
-    row("moe_gemv_combine (8 pairs, down 2048 x 1408)", 8 * dn_bytes, us);
+    row(
+        "moe_gemv_combine (8 pairs, down 2048 x 1408)",
+        8 * dn_bytes,
+        us,
+    );
     let pair = |i: usize| {
         swiglu(i)?;
         combine(i)
     };
     let us = common::time_us(&gpu, &pair, 3, 15, 20)?;
-    row("swiglu then combine (the step's pair)", 8 * (gu_bytes + dn_bytes), us);
+    row(
+        "swiglu then combine (the step's pair)",
+        8 * (gu_bytes + dn_bytes),
+        us,
+    );
     // 5. The dense bf16 GEMV at one row (`gemv_bf16_m1`) on the step's largest reads: lm_head
     //    [102400, 2048] (419 MB, one launch a step) and layer 0's MLP (gate|up [21888, 2048],
     //    down [2048, 10944]).
     let y = gpu.alloc::<f32>(102_400)?;
     let xk = gpu.upload(&common::random_bf16(10_944, 9))?;
     for (label, rows, k) in [
-        ("gemv_bf16_m1 lm_head [102400, 2048]", 102_400usize, 2048usize),
+        (
+            "gemv_bf16_m1 lm_head [102400, 2048]",
+            102_400usize,
+            2048usize,
+        ),
         ("gemv_bf16_m1 layer 0 gate|up [21888, 2048]", 21_888, 2048),
         ("gemv_bf16_m1 layer 0 down [2048, 10944]", 2048, 10_944),
     ] {
@@ -226,7 +262,13 @@ fn main() -> Res<()> {
                 out: y.ptr(),
                 ld: rows,
             };
-            gpu.gemv_bf16(1, k, mlaserve_cuda::gemv::GemvX::Bf16(xk.ptr()), &[mat], false)
+            gpu.gemv_bf16(
+                1,
+                k,
+                mlaserve_cuda::gemv::GemvX::Bf16(xk.ptr()),
+                &[mat],
+                false,
+            )
         };
         let us = common::time_us(&gpu, &run, 3, 15, if bytes > 200_000_000 { 5 } else { 20 })?;
         row(label, bytes, us);

@@ -32,7 +32,9 @@
 #[path = "common/mod.rs"]
 mod common;
 
+use mlaserve_cuda::gemv::{GemvMat, GemvX};
 use mlaserve_cuda::gpu::Arg;
+use mlaserve_cuda::ops::SliceViews;
 use mlaserve_cuda::Gpu;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -62,7 +64,11 @@ fn main() -> Res<()> {
     );
 
     // 1. Pure reads.
-    let swiglu_bytes = 8 * 2816 * 2048 * 2; // 92.3 MB
+    // V2-Lite's experts: 64 of gate|up [2f, h] and down [h, f]; a b1 MoE layer reads 8.
+    let (e, f, h) = (64usize, 1408usize, 2048usize);
+    let gu_bytes = 2 * f * h * 2;
+    let dn_bytes = h * f * 2;
+    let swiglu_bytes = 8 * gu_bytes; // 92.3 MB
     for &(bytes, per) in &[(swiglu_bytes, 20usize), (1usize << 30, 3)] {
         let slots = pool_bytes / bytes;
         for (name, bps) in [
@@ -86,7 +92,7 @@ fn main() -> Res<()> {
     }
 
     // 2. The GEMV's access pattern: row pairs of 2,048 bf16.
-    let n = 2048usize;
+    let n = h;
     let rows = swiglu_bytes / (2 * n);
     let slots = pool_bytes / swiglu_bytes;
     for (name, grid) in [
@@ -124,16 +130,14 @@ fn main() -> Res<()> {
 
     // 4. The expert GEMVs as the b1 step launches them: 8 pairs (6 routed + 2 shared slices
     //    in the engine; here 8 distinct experts of 64), x_div 8, no early slices.
-    let (e, f, h) = (64usize, 1408usize, 2048usize);
-    let gu_bytes = 2 * f * h * 2;
-    let dn_bytes = h * f * 2;
     let gu_base = pool.ptr();
     let dn_base = pool.ptr() + (e * gu_bytes) as u64;
     let gu_tab: Vec<u64> = (0..e).map(|j| gu_base + (j * gu_bytes) as u64).collect();
     let dn_tab: Vec<u64> = (0..e).map(|j| dn_base + (j * dn_bytes) as u64).collect();
     let gu_ptrs = gpu.upload(&gu_tab)?;
     let dn_ptrs = gpu.upload(&dn_tab)?;
-    // ids: 8 sets of 8 experts (set s: experts 8s .. 8s + 7, permuted), one set a launch.
+    // ids: 8 sets of 8 distinct experts (a permutation of the 64 cut in eighths), one set a
+    // launch.
     let ids_h: Vec<i32> = (0..e).map(|j| ((j * 37) % e) as i32).collect();
     let ids = gpu.upload(&ids_h)?;
     // the lab kernels' sets in memory order (set s: experts 8s .. 8s + 7)
@@ -143,51 +147,39 @@ fn main() -> Res<()> {
     let wts = gpu.upload(&[0.125f32; 8])?;
     let xo = gpu.alloc::<f32>(h)?;
     gpu.zero(&xo)?;
+    // (the engine's launchers, as the executor calls them at b1: no shared slices here)
+    let views = SliceViews::NONE;
+    let set = |i: usize| ids.ptr() + ((i % 8) * 8 * 4) as u64;
     let swiglu = |i: usize| {
-        let id = ids.ptr() + ((i % 8) * 8 * 4) as u64;
-        let args = mlaserve_cuda::args![
+        gpu.moe_gemv_swiglu(
+            8,
             gu_ptrs.ptr(),
-            0i32,
-            e as i32,
-            id,
+            0,
+            e,
+            set(i),
             x.ptr(),
-            8i32,
-            h as i32,
-            f as i32,
-            e as i32,
-            f as i32,
-            8i32,
+            8,
+            8,
+            h,
+            f,
+            views,
             act.ptr(),
-            1i32
-        ];
-        gpu.launch(
-            "moe_gemv_swiglu",
-            Gpu::cfg((f.div_ceil(8) as u32, 8, 1), 256),
-            &args,
         )
     };
     let combine = |i: usize| {
-        let id = ids.ptr() + ((i % 8) * 8 * 4) as u64;
-        let args = mlaserve_cuda::args![
+        gpu.moe_gemv_combine(
+            1,
+            8,
             dn_ptrs.ptr(),
-            0i32,
-            e as i32,
-            id,
+            0,
+            e,
+            set(i),
             act.ptr(),
             wts.ptr(),
-            1i32,
-            8i32,
-            f as i32,
-            h as i32,
-            e as i32,
-            f as i32,
+            f,
+            h,
+            views,
             xo.ptr(),
-            1i32
-        ];
-        gpu.launch(
-            "moe_gemv_combine",
-            Gpu::cfg((h.div_ceil(4) as u32, 1, 1), 256),
-            &args,
         )
     };
     // moe_gemv_swiglu taken apart (lab_swiglu_m*): its loads alone, with its arithmetic,
@@ -256,19 +248,13 @@ fn main() -> Res<()> {
         let bytes = rows * k * 2;
         let slots = pool_bytes / bytes;
         let run = |i: usize| {
-            let mat = mlaserve_cuda::gemv::GemvMat {
+            let mat = GemvMat {
                 w: pool.ptr() + ((i % slots) * bytes) as u64,
                 rows,
                 out: y.ptr(),
                 ld: rows,
             };
-            gpu.gemv_bf16(
-                1,
-                k,
-                mlaserve_cuda::gemv::GemvX::Bf16(xk.ptr()),
-                &[mat],
-                false,
-            )
+            gpu.gemv_bf16(1, k, GemvX::Bf16(xk.ptr()), &[mat], false)
         };
         let us = common::time_us(&gpu, &run, 3, 15, if bytes > 200_000_000 { 5 } else { 20 })?;
         row(label, bytes, us);

@@ -141,6 +141,30 @@ LAB_READ(lab_read_u8h, 8, 1)
 // (rows 2j and 2j + 1 of src, n % 256 == 0), S K steps of 256 values of both rows in flight
 // (a lane's 16 bytes a step, as warp_2rows_dot's load_2rows4 with S = 4). PERSIST 0: grid
 // (rows / 16), a row pair a warp, as moe_gemv_swiglu; 1: any grid, warps walk the row pairs.
+// The xor of rows r0 and r1 (n bf16 each), lane's 16 bytes a K step, S steps of both rows in
+// flight (none past n).
+template <int S>
+__device__ __forceinline__ unsigned lab_xor_2rows(const bf16* r0, const bf16* r1, int n,
+                                                  int lane) {
+    unsigned acc = 0;
+    for (int c0 = lane * 8; c0 < n; c0 += S * 256) {
+        uint4 a[S], b[S];
+#pragma unroll
+        for (int u = 0; u < S; u++) {
+            const int c = c0 + u * 256;
+            a[u] = b[u] = make_uint4(0u, 0u, 0u, 0u);
+            if (c < n) {
+                a[u] = lab_ld<0>((const uint4*)(r0 + c));
+                b[u] = lab_ld<0>((const uint4*)(r1 + c));
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < S; u++)
+            acc ^= a[u].x ^ a[u].y ^ a[u].z ^ a[u].w ^ b[u].x ^ b[u].y ^ b[u].z ^ b[u].w;
+    }
+    return acc;
+}
+
 template <int S, int PERSIST>
 __device__ __forceinline__ void lab_rows_body(const bf16* src, int rows, int n, unsigned* sink) {
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
@@ -149,23 +173,7 @@ __device__ __forceinline__ void lab_rows_body(const bf16* src, int rows, int n, 
     unsigned acc = 0;
     for (int j = w0; 2 * j + 1 < rows; j += step) {
         const bf16* r0 = src + (long long)(2 * j) * n;
-        const bf16* r1 = r0 + n;
-        for (int c0 = lane * 8; c0 < n; c0 += S * 256) {
-            uint4 a[S], b[S];
-#pragma unroll
-            for (int u = 0; u < S; u++) {
-                const int c = c0 + u * 256;
-                if (c < n) {
-                    a[u] = lab_ld<0>((const uint4*)(r0 + c));
-                    b[u] = lab_ld<0>((const uint4*)(r1 + c));
-                } else {
-                    a[u] = b[u] = make_uint4(0u, 0u, 0u, 0u);
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < S; u++)
-                acc ^= a[u].x ^ a[u].y ^ a[u].z ^ a[u].w ^ b[u].x ^ b[u].y ^ b[u].z ^ b[u].w;
-        }
+        acc ^= lab_xor_2rows<S>(r0, r0 + n, n, lane);
     }
     if (acc == 0x9e3779b9u) sink[0] = acc;
 }
@@ -205,23 +213,7 @@ __device__ __forceinline__ void lab_swiglu_body(const bf16* w, const unsigned lo
     const bf16* w0 = wp + (i64)i * n;
     const bf16* w1 = wp + (i64)(f + i) * n;
     if (MODE == 0) {
-        unsigned acc = 0;
-        for (int c0 = lane * 8; c0 < n; c0 += 4 * 256) {
-            uint4 a[4], b[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int c = c0 + u * 256;
-                a[u] = b[u] = make_uint4(0u, 0u, 0u, 0u);
-                if (c < n) {
-                    a[u] = lab_ld<0>((const uint4*)(w0 + c));
-                    b[u] = lab_ld<0>((const uint4*)(w1 + c));
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-                acc ^= a[u].x ^ a[u].y ^ a[u].z ^ a[u].w ^ b[u].x ^ b[u].y ^ b[u].z ^ b[u].w;
-        }
-        if (acc == 0x9e3779b9u) sink[0] = acc;
+        if (lab_xor_2rows<4>(w0, w1, n, lane) == 0x9e3779b9u) sink[0] = 1u;
         return;
     }
     float g = 0.f, u = 0.f;

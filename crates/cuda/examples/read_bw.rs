@@ -166,21 +166,11 @@ fn main() -> Res<()> {
             act.ptr(),
         )
     };
+    // ids_final as the executor launches it (sound here too: each launch's predecessor, a
+    // combine or a SwiGLU kernel, waited for the uploads)
     let combine = |i: usize| {
-        gpu.moe_gemv_combine(
-            1,
-            8,
-            dn_ptrs.ptr(),
-            0,
-            e,
-            set(i),
-            act.ptr(),
-            wts.ptr(),
-            f,
-            h,
-            views,
-            xo.ptr(),
-        )
+        let ex = (0, e, set(i), act.ptr(), wts.ptr());
+        gpu.moe_gemv_combine_after(1, 8, dn_ptrs.ptr(), ex, f, h, views, xo.ptr(), true)
     };
     // moe_gemv_swiglu taken apart (lab_swiglu_m*): its loads alone, with its arithmetic,
     // with its lookup of the matrix after the wait; then the kernel itself.

@@ -747,27 +747,76 @@ extern "C" __global__ void moe_gemv_swiglu(const unsigned long long* w_ptrs, int
 // shared memory; then a thread per (token, row) adds its slots in order. T * k <= 256.
 // RG = 4 (moe_gemv_combine) gives 2 items a warp for V2-Lite's 8 pairs at 4 blocks an SM;
 // RG = 8 (moe_gemv_combine_r8) 4 items at 2 blocks an SM (session 8, run 1: 22 µs a layer).
+//
+// tab_on bit 0: the pointer table staged in shared memory (stage_table). Bit 1 (the host
+// vouches, Gpu::moe_gemv_combine_after): ids are final before this grid's wait — the kernel
+// before is the SwiGLU GEMV over the same ids, whose routed blocks let this grid in only after
+// their own wait, i.e. once the routing that wrote ids has completed — so each warp loads its
+// first item's first four K steps before the wait (ids through L2, ld.global.cg: never a line
+// an earlier layer left in L1; w_ptrs is never written), while the SwiGLU kernel's tail
+// still runs. Only act waits. The same sums either way.
+
+// Item `it` of a block: pair j and rows ra, rb (an odd last row twice) of the block's RG rows
+// from r0 (nr of them).
+struct CombineItem {
+    int j, ra, rb;
+};
+__device__ __forceinline__ CombineItem combine_item(int it, int r0, int nr) {
+    const int halves = (nr + 1) / 2, j = it / halves, ra = r0 + 2 * (it % halves);
+    return {j, ra, min(ra + 1, r0 + nr - 1)};
+}
+
+__device__ __forceinline__ int ld_cg_s32(const int* p) {
+    int v;
+    asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
+// The first item of this warp, its first four K steps of both rows into a, b before the wait
+// (tab_on bit 1). True where loaded (a held expert with a pointer).
+template <int RG>
+__device__ __forceinline__ bool combine_first_load(uint4 (&a)[4], uint4 (&b)[4],
+                                                   const unsigned long long* w_ptrs, int first,
+                                                   int held, const int* ids, int pairs, int n,
+                                                   int rows, int e_routed, int fs) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = rows >= RG ? min((int)blockIdx.x * RG, rows - RG) : 0;
+    const int nr = min(RG, rows);
+    if (warp >= pairs * ((nr + 1) / 2)) return false;
+    const CombineItem c = combine_item(warp, r0, nr);
+    const int id = ld_cg_s32(ids + c.j), ex = id - first;
+    const bf16* w = ex >= 0 && ex < held ? (const bf16*)w_ptrs[ex] : nullptr;
+    if (!w) return false;
+    const i64 ld = id >= e_routed ? fs : n;
+    load_2rows4(a, b, w + c.ra * ld, w + c.rb * ld, lane * 8, n);
+    return true;
+}
+
+// `pre`: a, b hold this warp's first item's first four K steps (combine_first_load).
 template <int RG>
 __device__ __forceinline__ void gemv_combine_body(const unsigned long long* w_ptrs, int first,
                                                   int held, const int* ids, const bf16* act,
                                                   const float* wts, int t_count, int k, int n,
-                                                  int rows, int e_routed, int fs, float* x) {
+                                                  int rows, int e_routed, int fs, float* x,
+                                                  uint4 (&a)[4], uint4 (&b)[4], bool pre) {
     __shared__ float y[256][RG];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, pairs = t_count * k;
     const int r0 = rows >= RG ? min((int)blockIdx.x * RG, rows - RG) : 0;
     const int nr = min(RG, rows), halves = (nr + 1) / 2;
     for (int it = warp; it < pairs * halves; it += 8) {
-        const int j = it / halves, q = it % halves;
-        const int ra = r0 + 2 * q, rb = min(ra + 1, r0 + nr - 1);  // an odd last row twice
-        const bf16* w = pair_expert(w_ptrs, first, held, ids, j);
+        const CombineItem c = combine_item(it, r0, nr);
+        const bf16* w = pair_expert(w_ptrs, first, held, ids, c.j);
         float da = 0.f, db = 0.f;
         if (w) {
-            const i64 ld = ids[j] >= e_routed ? fs : n;
-            warp_2rows_dot(w + ra * ld, w + rb * ld, act + (i64)j * n, n, lane, da, db);
+            const i64 ld = ids[c.j] >= e_routed ? fs : n;
+            const bf16 *wa = w + c.ra * ld, *wb = w + c.rb * ld;
+            // one path, so the first round's registers are the loop's (no second set live)
+            if (!(pre && it == warp)) load_2rows4(a, b, wa, wb, lane * 8, n);
+            warp_2rows_dot_from(a, b, wa, wb, act + (i64)c.j * n, n, lane, da, db);
         }
         if (lane == 0) {
-            y[j][ra - r0] = da;
-            y[j][rb - r0] = db;
+            y[c.j][c.ra - r0] = da;
+            y[c.j][c.rb - r0] = db;
         }
     }
     __syncthreads();
@@ -786,13 +835,17 @@ __device__ __forceinline__ void gemv_combine_body(const unsigned long long* w_pt
                                     const int* ids, const bf16* act, const float* wts,         \
                                     int t_count, int k, int n, int rows, int e_routed, int fs, \
                                     float* x, int tab_on) {                                    \
-        MLA_WEIGHTS_FIRST();                                                                   \
+        MLA_WEIGHTS_FIRST();  /* with tab_on bit 1 the first weights before the wait */        \
         __shared__ unsigned long long tab_s[MOE_TAB_MAX];                                      \
-        const unsigned long long* tab = stage_table(w_ptrs, held, tab_on, tab_s);              \
+        const unsigned long long* tab = stage_table(w_ptrs, held, tab_on & 1, tab_s);          \
+        uint4 a[4], b[4];                                                                      \
+        const bool pre = (tab_on & 2) && combine_first_load<RG>(a, b, w_ptrs, first, held, ids, \
+                                                                t_count * k, n, rows,          \
+                                                                e_routed, fs);                 \
         MLA_PDL();                                                                             \
         if (tab != w_ptrs) __syncthreads();                                                    \
         gemv_combine_body<RG>(tab, first, held, ids, act, wts, t_count, k, n, rows, e_routed,  \
-                              fs, x);                                                          \
+                              fs, x, a, b, pre);                                               \
     }
 MOE_GEMV_COMBINE(moe_gemv_combine, 4)
 MOE_GEMV_COMBINE(moe_gemv_combine_r8, 8)

@@ -899,6 +899,13 @@ fn route_late_bits() -> i32 {
 /// Whether the fused expert kernels (`moe_gemv_swiglu`, `moe_gemv_combine`) copy the expert
 /// pointer table into shared memory before their wait (moe.cu's `stage_table`; 1 or 0 as the
 /// kernels take it). `MLASERVE_MOE_TABLE=0`: never, for comparisons.
+/// Whether [`Gpu::moe_gemv_combine_after`] loads weights before its wait where the caller
+/// allows it (`MLASERVE_COMBINE_EARLY=0`: never, for comparisons).
+fn combine_early() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLASERVE_COMBINE_EARLY").map_or(true, |v| v != "0"))
+}
+
 fn moe_table() -> i32 {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("MLASERVE_MOE_TABLE").map_or(true, |v| v != "0")) as i32
@@ -1220,6 +1227,29 @@ impl Gpu {
         views: SliceViews,
         x: u64,
     ) -> Result<()> {
+        let ex = (first, held, ids, act, w);
+        self.moe_gemv_combine_after(t, k, w_ptrs, ex, n, rows, views, x, false)
+    }
+
+    /// [`Gpu::moe_gemv_combine`]; `ids_final` (the caller vouches that the kernel before this
+    /// one is [`Gpu::moe_gemv_swiglu`] over the same `ids`, whose routed blocks wait for the
+    /// kernel that wrote them before they let this one in): each warp loads its first weights
+    /// before waiting for the SwiGLU kernel, beside its tail (kernels/moe.cu). The same sums.
+    /// `MLASERVE_COMBINE_EARLY=0`: never, for comparisons. V2-Lite bf16 b1 on an H100: 2,278
+    /// → 2,232 µs a step (bench/cuda/v2lite.md, session 41).
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_gemv_combine_after(
+        &self,
+        t: usize,
+        k: usize,
+        w_ptrs: u64,
+        (first, held, ids, act, w): (usize, usize, u64, u64, u64),
+        n: usize,
+        rows: usize,
+        views: SliceViews,
+        x: u64,
+        ids_final: bool,
+    ) -> Result<()> {
         if n % 8 != 0 || t * k > 256 {
             return Err(CudaError::Invalid(format!(
                 "moe_gemv_combine needs n % 8 == 0 and <= 256 pairs, got n {n}, {t} tokens of \
@@ -1254,7 +1284,7 @@ impl Gpu {
                 er,
                 fs,
                 x,
-                moe_table()
+                moe_table() | ((ids_final && combine_early()) as i32) << 1
             ],
         )
     }

@@ -2377,37 +2377,32 @@ fn moe(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             gpu.moe_gemv(pairs, pp, first, held, ip, act_d.ptr(), 1, n, rc, y.ptr())
                 .unwrap();
             let x0 = rng.vec(t * rc, 1.0);
-            let (xa, xb) = (gpu.upload(&x0).unwrap(), gpu.upload(&x0).unwrap());
+            let xa = gpu.upload(&x0).unwrap();
             gpu.moe_combine_pairs(t, xa.ptr(), y.ptr(), wd.ptr(), k, rc)
                 .unwrap();
-            gpu.moe_gemv_combine(
-                t,
-                k,
-                pp,
-                first,
-                held,
-                ip,
-                act_d.ptr(),
-                wd.ptr(),
-                n,
-                rc,
-                SliceViews::NONE,
-                xb.ptr(),
-            )
-            .unwrap();
-            let (a, b) = (gpu.to_host(&xa).unwrap(), gpu.to_host(&xb).unwrap());
-            let mism = a
-                .iter()
-                .zip(&b)
-                .filter(|(a, b)| a.to_bits() != b.to_bits())
-                .count();
-            rep.check(
-                "moe_gemv_combine",
-                format!("T{t} K{k} ids {ids:?} n{n} rows{rc} vs moe_gemv+combine"),
-                "f32",
-                mism as f64,
-                0.0,
-            );
+            let a = gpu.to_host(&xa).unwrap();
+            // ids_final: each warp's first weights loaded before the wait (ids are final here,
+            // uploaded before); the same sums either way
+            for early in [false, true] {
+                let xb = gpu.upload(&x0).unwrap();
+                let ex = (first, held, ip, act_d.ptr(), wd.ptr());
+                gpu.moe_gemv_combine_after(t, k, pp, ex, n, rc, SliceViews::NONE, xb.ptr(), early)
+                    .unwrap();
+                let b = gpu.to_host(&xb).unwrap();
+                let mism = a
+                    .iter()
+                    .zip(&b)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                let how = if early { ", ids final" } else { "" };
+                rep.check(
+                    "moe_gemv_combine",
+                    format!("T{t} K{k} ids {ids:?} n{n} rows{rc}{how} vs moe_gemv+combine"),
+                    "f32",
+                    mism as f64,
+                    0.0,
+                );
+            }
         }
     }
     moe_slices(gpu, rng, rep);
@@ -2697,21 +2692,11 @@ fn moe_slices(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     );
     let x0 = rng.vec(t * h, 1.0);
     let xo = gpu.upload(&x0).unwrap();
-    gpu.moe_gemv_combine(
-        t,
-        k,
-        dnp.ptr(),
-        0,
-        held,
-        idd.ptr(),
-        act.ptr(),
-        wd.ptr(),
-        f,
-        h,
-        views,
-        xo.ptr(),
-    )
-    .unwrap();
+    // as the engine launches it after the SwiGLU kernel: ids final, the slices' first rows
+    // (fs apart) loaded before the wait
+    let ex = (0, held, idd.ptr(), act.ptr(), wd.ptr());
+    gpu.moe_gemv_combine_after(t, k, dnp.ptr(), ex, f, h, views, xo.ptr(), true)
+        .unwrap();
     let got = gpu.to_host(&xo).unwrap();
     let a = |i: usize| unbf(act_h[i]) as f64;
     let want: Vec<f32> = (0..t * h)
@@ -2731,7 +2716,9 @@ fn moe_slices(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         .collect();
     rep.check(
         "moe_gemv_combine",
-        format!("T{t}, slices {slices} of fs{fs} (views) rows{h} vs routed + shared MLP"),
+        format!(
+            "T{t}, slices {slices} of fs{fs} (views) rows{h}, ids final vs routed + shared MLP"
+        ),
         "f32",
         rel_err(&got, &want),
         1e-5,

@@ -370,7 +370,9 @@ impl CudaExecutor {
             let (ip, ap) = (ids.ptr(), act.ptr());
             let ex = (first, held, ip, hnb.ptr(), k, mc.top_k);
             gpu.moe_gemv_swiglu_after(pairs, gate_up, ex, h, f, views, ap, nowait)?;
-            gpu.moe_gemv_combine(t, k, down, first, held, ip, ap, w.ptr(), f, h, views, out)?;
+            // the SwiGLU kernel just before reads the same ids: they are final here
+            let ex = (first, held, ip, ap, w.ptr());
+            gpu.moe_gemv_combine_after(t, k, down, ex, f, h, views, out, true)?;
             return Ok(if s > 0 {
                 Small::WithShared
             } else {

@@ -896,9 +896,6 @@ fn route_late_bits() -> i32 {
     })
 }
 
-/// Whether the fused expert kernels (`moe_gemv_swiglu`, `moe_gemv_combine`) copy the expert
-/// pointer table into shared memory before their wait (moe.cu's `stage_table`; 1 or 0 as the
-/// kernels take it). `MLASERVE_MOE_TABLE=0`: never, for comparisons.
 /// Whether [`Gpu::moe_gemv_combine_after`] loads weights before its wait where the caller
 /// allows it (`MLASERVE_COMBINE_EARLY=0`: never, for comparisons).
 fn combine_early() -> bool {
@@ -906,6 +903,9 @@ fn combine_early() -> bool {
     *ON.get_or_init(|| std::env::var("MLASERVE_COMBINE_EARLY").map_or(true, |v| v != "0"))
 }
 
+/// Whether the fused expert kernels (`moe_gemv_swiglu`, `moe_gemv_combine`) copy the expert
+/// pointer table into shared memory before their wait (moe.cu's `stage_table`; 1 or 0 as the
+/// kernels take it). `MLASERVE_MOE_TABLE=0`: never, for comparisons.
 fn moe_table() -> i32 {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("MLASERVE_MOE_TABLE").map_or(true, |v| v != "0")) as i32

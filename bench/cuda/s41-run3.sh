@@ -3,7 +3,7 @@
 # against b117da5's (decode_profile_old), b1 at context 512, two rounds — for item 2's figure
 # on whatever card is lent (runs 1-2 were lent H100s). The same pack as s41-run2.sh.
 set -u
-RUN=run3; . tools/device/prelude.sh
+RUN=${RUN:-run3}; . tools/device/prelude.sh
 M=/tmp/v2-bf16t.gguf
 timeout 200 $B/synth_model v2-lite $M --tokenizer-from models/default.gguf > /dev/null 2>&1; echo "== synth $(el)" >> $L
 timeout 250 $B/decode_profile $M --batch 1 --ctx 512 --replays 5 > /dev/null 2>&1 &

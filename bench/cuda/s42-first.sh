@@ -10,8 +10,9 @@
 #    combine's −1.8 (26 layers: −25 to −50 µs a b1 step). Its registers (nvrtc_check): the
 #    qmv kernels within their launch bounds' occupancy (r4m1w 114 -> 121, r2m8 119 -> 123, the
 #    rest ±2), so the dense GEMVs' SASS moved a little too: the knob-off rounds are the control.
-# 3. The quantized and moe op families (the new "ids final" qmv_pairs row: 0 bits differ),
-#    e2e, graphs.
+# 3. The quantized and moe op families (the new "ids final" qmv_pairs row: 0 bits differ;
+#    session 41's n = 1,408 combine rows), the moe family again under MLASERVE_COMBINE_ROWS=8
+#    (the r8 combine: its early path has not run on a GPU), e2e, graphs.
 # Build machine: git apply bench/cuda/qmv-pairs-early-s41.patch; cargo build --release -p
 # mlaserve-cuda --examples; cargo build --release -p mlaserve-model --example synth_model;
 # cargo test --release -p mlaserve-cuda --no-run; pack decode_profile, synth_model, ops, e2e,
@@ -25,6 +26,9 @@ timeout 250 $B/decode_profile $M --batch 1 --ctx 512 --replays 5 > /dev/null 2>&
 wait; echo "== compiled $(el)" >> $L
 MLASERVE_OPS=quantized,moe timeout 200 $B/ops --test-threads=1 --nocapture > $OUT/ops.txt 2>&1
 echo "== ops quantized,moe rc=$? $(el)" >> $L; grep -E "ids final|rows|test result|FAIL" $OUT/ops.txt | tail -6 >> $L
+# the 8-rows-a-block combine (moe_gemv_combine_r8, chosen per process) through the same rows
+MLASERVE_COMBINE_ROWS=8 MLASERVE_OPS=moe timeout 100 $B/ops --test-threads=1 --nocapture > $OUT/ops-r8.txt 2>&1
+echo "== ops moe COMBINE_ROWS=8 rc=$? $(el)" >> $L; grep -E "rows|test result|FAIL" $OUT/ops-r8.txt | tail -3 >> $L
 rep() { m=$1; b=$2; shift 2; timeout 90 env "$@" $B/decode_profile $m --batch $b --ctx 512 --replays 300 2>&1 | grep -iE "median" | head -1; }
 for r in 1 2; do
   echo "== bf16 b1 round $r: $(rep $M 1 X=1) $(el)" >> $L

@@ -38,6 +38,15 @@ typedef long long i64;
 // routing block passed its own wait before letting the GEMV in, so all kernels before the
 // routing have completed, and the routing never touches act. The routed blocks still wait,
 // so the rule holds for the kernel after (the host keeps at least one routed block).
+// The third exception (Gpu::moe_gemv_combine_after's `ids_final`, moe_gemv_combine's `tab_on`
+// bit 1): the combine reads the routing's ids (ld.global.cg) and its first weight rows before
+// its wait. The kernel before it is moe_gemv_swiglu over the same ids, whose routed blocks
+// pass their wait (on the routing) before `if (i >= f) return;` and before letting the combine
+// in, so every block of the combine starts after the routing has completed; what the
+// SwiGLU kernel writes (act) and the combine's other inputs (wts, x) are read after the wait.
+// As with the second exception, that the completed routing's stores are in L2 for a grid
+// that did not wait on it is the hardware's behaviour, not PTX's model; the e2e and graph
+// tests run it on the real chain.
 #define MLA_WEIGHTS_FIRST() \
     do {                    \
     } while (0)

@@ -754,7 +754,8 @@ extern "C" __global__ void moe_gemv_swiglu(const unsigned long long* w_ptrs, int
 // their own wait, i.e. once the routing that wrote ids has completed — so each warp loads its
 // first item's first four K steps before the wait (ids through L2, ld.global.cg: never a line
 // an earlier layer left in L1; w_ptrs is never written), while the SwiGLU kernel's tail
-// still runs. Only act waits. The same sums either way.
+// still runs (common.cuh's third exception). act, wts, x and the loop's own reads of ids come
+// after the wait. The same sums either way.
 
 // Item `it` of a block: pair j and rows ra, rb (an odd last row twice) of the block's RG rows
 // from r0 (nr of them).

@@ -394,7 +394,8 @@ mod tests {
     /// a kernel that reads only weights before its `MLA_PDL();`, which is in its body or in
     /// the device function it runs, ahead of that function's first read of kernel output.
     /// Not checked here: common.cuh's second exception, `moe_gemv_swiglu`'s shared-slice
-    /// branch (`tab_on & 2`), which reads x and writes act without waiting and returns.
+    /// branch (`tab_on & 2`), which reads x and writes act without waiting and returns; and
+    /// its third, `moe_gemv_combine` reading ids before its wait under `tab_on` bit 1.
     #[test]
     fn every_kernel_waits_for_the_previous_grid_first() {
         let source = strip_comments(SOURCE);

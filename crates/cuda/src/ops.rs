@@ -1183,7 +1183,8 @@ impl Gpu {
         let (er, fs) = views.args();
         let kr = kr as i32;
         // (routed blocks must remain: they wait, so the kernel after this one still starts
-        // only once the routing has completed)
+        // only once the routing has completed — which the combine's early reads of ids,
+        // moe_gemv_combine_after, rely on too)
         let tab = moe_table() | (((nowait && 0 < kr && kr < xd) as i32) << 1);
         self.launch(
             "moe_gemv_swiglu",

@@ -2406,7 +2406,82 @@ fn moe(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         }
     }
     moe_slices(gpu, rng, rep);
+    moe_combine_long_k(gpu, rng, rep);
     moe_route_nowait(gpu, rng, rep);
+}
+
+/// The combine at V2-Lite's down width (n = 1,408: six K steps a lane, not a multiple of the
+/// four a warp loads at once) and one token of 8 slots, with and without its first weights
+/// before the wait, bit for bit `moe_gemv` + `moe_combine_pairs`: the early registers carry
+/// into the loop's second round. Experts 0 and 7 are not held (first = 1, held = 6).
+fn moe_combine_long_k(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
+    let (t, k, n, first, held) = (1usize, 8usize, 1408usize, 1usize, 6usize);
+    let ids: Vec<i32> = vec![3, 1, 7, 6, 2, 0, 5, 4];
+    for rows in [20usize, 19] {
+        let bufs: Vec<DBuf<u16>> = (0..held)
+            .map(|_| {
+                let w = round_bf(&rng.vec(rows * n, 0.1));
+                gpu.upload(&w.iter().map(|&v| bf(v)).collect::<Vec<_>>())
+                    .unwrap()
+            })
+            .collect();
+        let ptrs: Vec<u64> = bufs.iter().map(|b| b.ptr()).collect();
+        let (pd, id) = (gpu.upload(&ptrs).unwrap(), gpu.upload(&ids).unwrap());
+        let act = round_bf(&rng.vec(t * k * n, 1.0));
+        let act_d = gpu
+            .upload(&act.iter().map(|&v| bf(v)).collect::<Vec<_>>())
+            .unwrap();
+        let wd = gpu.upload(&rng.vec(t * k, 1.0)).unwrap();
+        let y = poisoned::<f32>(gpu, t * k * rows);
+        gpu.moe_gemv(
+            t * k,
+            pd.ptr(),
+            first,
+            held,
+            id.ptr(),
+            act_d.ptr(),
+            1,
+            n,
+            rows,
+            y.ptr(),
+        )
+        .unwrap();
+        let x0 = rng.vec(t * rows, 1.0);
+        let xa = gpu.upload(&x0).unwrap();
+        gpu.moe_combine_pairs(t, xa.ptr(), y.ptr(), wd.ptr(), k, rows)
+            .unwrap();
+        let want = gpu.to_host(&xa).unwrap();
+        for early in [false, true] {
+            let xb = gpu.upload(&x0).unwrap();
+            let ex = (first, held, id.ptr(), act_d.ptr(), wd.ptr());
+            gpu.moe_gemv_combine_after(
+                t,
+                k,
+                pd.ptr(),
+                ex,
+                n,
+                rows,
+                SliceViews::NONE,
+                xb.ptr(),
+                early,
+            )
+            .unwrap();
+            let got = gpu.to_host(&xb).unwrap();
+            let mism = got
+                .iter()
+                .zip(&want)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            let how = if early { ", ids final" } else { "" };
+            rep.check(
+                "moe_gemv_combine",
+                format!("T{t} K{k} n{n} rows{rows}{how} vs moe_gemv+combine"),
+                "f32",
+                mism as f64,
+                0.0,
+            );
+        }
+    }
 }
 
 /// The shared slices without their wait on the real chain (common.cuh's second exception):

@@ -370,7 +370,8 @@ impl CudaExecutor {
             let (ip, ap) = (ids.ptr(), act.ptr());
             let ex = (first, held, ip, hnb.ptr(), k, mc.top_k);
             gpu.moe_gemv_swiglu_after(pairs, gate_up, ex, h, f, views, ap, nowait)?;
-            // the SwiGLU kernel just before reads the same ids: they are final here
+            // ids are final here: the SwiGLU kernel just before, over the same ids, lets the
+            // combine in only after its routed blocks waited for the routing that wrote them
             let ex = (first, held, ip, ap, w.ptr());
             gpu.moe_gemv_combine_after(t, k, down, ex, f, h, views, out, true)?;
             return Ok(if s > 0 {

@@ -2373,36 +2373,19 @@ fn moe(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         // Row counts that are and are not a multiple of the kernel's 4 rows a block (the
         // experts' first `rc` rows), and fewer than 4.
         for rc in [rows, rows - 2, 3] {
-            let y = poisoned::<f32>(gpu, pairs * rc);
-            gpu.moe_gemv(pairs, pp, first, held, ip, act_d.ptr(), 1, n, rc, y.ptr())
-                .unwrap();
-            let x0 = rng.vec(t * rc, 1.0);
-            let xa = gpu.upload(&x0).unwrap();
-            gpu.moe_combine_pairs(t, xa.ptr(), y.ptr(), wd.ptr(), k, rc)
-                .unwrap();
-            let a = gpu.to_host(&xa).unwrap();
-            // ids_final: each warp's first weights loaded before the wait (ids are final here,
-            // uploaded before); the same sums either way
-            for early in [false, true] {
-                let xb = gpu.upload(&x0).unwrap();
-                let ex = (first, held, ip, act_d.ptr(), wd.ptr());
-                gpu.moe_gemv_combine_after(t, k, pp, ex, n, rc, SliceViews::NONE, xb.ptr(), early)
-                    .unwrap();
-                let b = gpu.to_host(&xb).unwrap();
-                let mism = a
-                    .iter()
-                    .zip(&b)
-                    .filter(|(a, b)| a.to_bits() != b.to_bits())
-                    .count();
-                let how = if early { ", ids final" } else { "" };
-                rep.check(
-                    "moe_gemv_combine",
-                    format!("T{t} K{k} ids {ids:?} n{n} rows{rc}{how} vs moe_gemv+combine"),
-                    "f32",
-                    mism as f64,
-                    0.0,
-                );
-            }
+            let label = format!("T{t} K{k} ids {ids:?} n{n} rows{rc}");
+            let tab = (pp, first, held, ip);
+            combine_vs_chain(
+                gpu,
+                rng,
+                rep,
+                (t, k),
+                tab,
+                act_d.ptr(),
+                wd.ptr(),
+                (n, rc),
+                &label,
+            );
         }
     }
     moe_slices(gpu, rng, rep);
@@ -2432,55 +2415,66 @@ fn moe_combine_long_k(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             .upload(&act.iter().map(|&v| bf(v)).collect::<Vec<_>>())
             .unwrap();
         let wd = gpu.upload(&rng.vec(t * k, 1.0)).unwrap();
-        let y = poisoned::<f32>(gpu, t * k * rows);
-        gpu.moe_gemv(
-            t * k,
-            pd.ptr(),
-            first,
-            held,
-            id.ptr(),
+        let label = format!("T{t} K{k} n{n} rows{rows}");
+        let tab = (pd.ptr(), first, held, id.ptr());
+        combine_vs_chain(
+            gpu,
+            rng,
+            rep,
+            (t, k),
+            tab,
             act_d.ptr(),
-            1,
-            n,
-            rows,
-            y.ptr(),
-        )
+            wd.ptr(),
+            (n, rows),
+            &label,
+        );
+    }
+}
+
+/// `moe_gemv_combine` over `t` tokens of `k` slots (pointer table `pp` from expert `first`,
+/// `held` of them, ids at `ip`; act [t k, n] bf16, weights wd [t k]) into rows of x, without
+/// and with its first weights before the wait (ids_final: they were uploaded before), each
+/// bit for bit `moe_gemv` + `moe_combine_pairs` on the same x.
+#[allow(clippy::too_many_arguments)]
+fn combine_vs_chain(
+    gpu: &Gpu,
+    rng: &mut Rng,
+    rep: &mut Report,
+    (t, k): (usize, usize),
+    (pp, first, held, ip): (u64, usize, usize, u64),
+    act: u64,
+    wd: u64,
+    (n, rows): (usize, usize),
+    label: &str,
+) {
+    let y = poisoned::<f32>(gpu, t * k * rows);
+    gpu.moe_gemv(t * k, pp, first, held, ip, act, 1, n, rows, y.ptr())
         .unwrap();
-        let x0 = rng.vec(t * rows, 1.0);
-        let xa = gpu.upload(&x0).unwrap();
-        gpu.moe_combine_pairs(t, xa.ptr(), y.ptr(), wd.ptr(), k, rows)
+    let x0 = rng.vec(t * rows, 1.0);
+    let xa = gpu.upload(&x0).unwrap();
+    gpu.moe_combine_pairs(t, xa.ptr(), y.ptr(), wd, k, rows)
+        .unwrap();
+    let want = gpu.to_host(&xa).unwrap();
+    for early in [false, true] {
+        let xb = gpu.upload(&x0).unwrap();
+        let ex = (first, held, ip, act, wd);
+        gpu.moe_gemv_combine_after(t, k, pp, ex, n, rows, SliceViews::NONE, xb.ptr(), early)
             .unwrap();
-        let want = gpu.to_host(&xa).unwrap();
-        for early in [false, true] {
-            let xb = gpu.upload(&x0).unwrap();
-            let ex = (first, held, id.ptr(), act_d.ptr(), wd.ptr());
-            gpu.moe_gemv_combine_after(
-                t,
-                k,
-                pd.ptr(),
-                ex,
-                n,
-                rows,
-                SliceViews::NONE,
-                xb.ptr(),
-                early,
-            )
-            .unwrap();
-            let got = gpu.to_host(&xb).unwrap();
-            let mism = got
-                .iter()
-                .zip(&want)
-                .filter(|(a, b)| a.to_bits() != b.to_bits())
-                .count();
-            let how = if early { ", ids final" } else { "" };
-            rep.check(
-                "moe_gemv_combine",
-                format!("T{t} K{k} n{n} rows{rows}{how} vs moe_gemv+combine"),
-                "f32",
-                mism as f64,
-                0.0,
-            );
-        }
+        let mism = gpu
+            .to_host(&xb)
+            .unwrap()
+            .iter()
+            .zip(&want)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        let how = if early { ", ids final" } else { "" };
+        rep.check(
+            "moe_gemv_combine",
+            format!("{label}{how} vs moe_gemv+combine"),
+            "f32",
+            mism as f64,
+            0.0,
+        );
     }
 }
 

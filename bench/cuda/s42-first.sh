@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Prepared in session 41 for the next session's first device run (NOT RUN yet).
+# Prepared in session 41 for the next session's first device run. NOT RUN: session 42's twenty
+# calls were all refused (v2lite.md, "Forty-second session"). Run s42-run2.sh in the same call
+# (bash .device/next.sh > /dev/null; cat $OUT/first.txt; bash .device/run2.sh): ~400 s.
 # 1. Item 2 on an H200 at last: the bf16 b1 step with 1ed4af7's early combine against itself
 #    with MLASERVE_COMBINE_EARLY=0 (b117da5's step: session 41's run 2 measured the two equal,
 #    2,277.7 against 2,278.4 µs on an H100), two rounds.
@@ -16,7 +18,7 @@
 # Build machine: git apply bench/cuda/qmv-pairs-early-s41.patch; cargo build --release -p
 # mlaserve-cuda --examples; cargo build --release -p mlaserve-model --example synth_model;
 # cargo test --release -p mlaserve-cuda --no-run; pack decode_profile, synth_model, ops, e2e,
-# graphs (strip; XZ_OPT=-9e tar -cJf .device/pkg/bins.tar.xz); cp this .device/next.sh.
+# graphs, read_bw (for s42-run2.sh) (strip; XZ_OPT=-9e tar -cJf .device/pkg/bins.tar.xz); cp this .device/next.sh.
 set -u
 RUN=${RUN:-first}; . tools/device/prelude.sh
 M=/tmp/v2-bf16t.gguf; Q=/tmp/v2-q4k.gguf

@@ -5,6 +5,7 @@
 //! - bf16 outputs (or GEMMs over bf16 inputs): the reference uses the same bf16-rounded
 //!   inputs, so only accumulation order differs: <= 1e-4; bf16-rounded outputs <= 2^-8;
 //! - moves (embedding, gathers, cache writes, bf16 conversion): exact.
+//!
 //! On a host without CUDA the test prints why and passes without running (CI builds it).
 //! `MLASERVE_OP_REPORT=path.json` writes the table with the GPU and driver.
 

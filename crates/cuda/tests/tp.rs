@@ -11,7 +11,7 @@
 use mlaserve_cuda::{CudaExecutor, CudaTpExecutor};
 use mlaserve_model::score::{greedy_on, score_on};
 use mlaserve_model::{AttentionPath, Executor, LoadOptions, Model};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,7 +39,7 @@ fn prompts() -> Vec<Vec<u32>> {
     ]
 }
 
-fn tp(path: &PathBuf, world: usize, ep: bool) -> CudaTpExecutor {
+fn tp(path: &Path, world: usize, ep: bool) -> CudaTpExecutor {
     CudaTpExecutor::load(
         path,
         &LoadOptions::default(),

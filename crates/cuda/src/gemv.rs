@@ -45,7 +45,7 @@ pub struct GemvMat {
 
 /// Whether the GEMV takes M rows of width K.
 pub fn gemv_fits(m: usize, k: usize) -> bool {
-    (1..=GEMV_MAX_M).contains(&m) && k > 0 && k % 8 == 0 && m * k * 2 <= GEMV_MAX_SMEM
+    (1..=GEMV_MAX_M).contains(&m) && k > 0 && k.is_multiple_of(8) && m * k * 2 <= GEMV_MAX_SMEM
 }
 
 /// The L2 prefetch of the block's rows before the wait: off by default, since it made the

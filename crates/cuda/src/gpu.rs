@@ -457,7 +457,7 @@ impl Gpu {
     /// A buffer of `T` holding exactly `bytes` (their length a multiple of `size_of::<T>()`).
     pub fn upload_bytes<T>(&self, bytes: &[u8]) -> Result<DBuf<T>> {
         let sz = std::mem::size_of::<T>();
-        if bytes.len() % sz != 0 {
+        if !bytes.len().is_multiple_of(sz) {
             return Err(CudaError::Invalid(format!(
                 "{} bytes are not a whole number of {sz}-byte elements",
                 bytes.len()
@@ -734,7 +734,11 @@ impl Gpu {
         cluster: u32,
         args: &[Arg],
     ) -> Result<()> {
-        if !self.has_clusters() || cluster == 0 || cluster > 8 || cfg.grid_dim.0 % cluster != 0 {
+        if !self.has_clusters()
+            || cluster == 0
+            || cluster > 8
+            || !cfg.grid_dim.0.is_multiple_of(cluster)
+        {
             return Err(CudaError::Invalid(format!(
                 "{name}: clusters of {cluster} over a grid of {} blocks along x on {}",
                 cfg.grid_dim.0, self.arch

@@ -102,9 +102,9 @@ impl Gpu {
     pub fn mla_attn_cluster_fits(&self, d: &AttnDims) -> bool {
         d.l == L
             && d.r == R
-            && d.p % 8 == 0
+            && d.p.is_multiple_of(8)
             && (8..=256).contains(&d.p)
-            && d.v % 32 == 0
+            && d.v.is_multiple_of(32)
             && (32..=256).contains(&d.v)
             && d.t * d.heads * CLUSTER as usize <= i32::MAX as usize
             && self.clusters_fit_smem("mla_attn_cl", CLUSTER, THREADS, smem())

@@ -182,7 +182,7 @@ impl Gpu {
         k: usize,
         act: u64,
     ) -> Result<()> {
-        if k % 8 != 0 || !self.moe_glu_fits(s.pairs, s.held) {
+        if !k.is_multiple_of(8) || !self.moe_glu_fits(s.pairs, s.held) {
             return Err(CudaError::Invalid(format!(
                 "moe_gemm_glu needs k % 8 == 0, 64-row tiles, sm_90a, moe_gemm_wg2 and not MLASERVE_MOE_GLU=0, got k={k}, {} pairs of {} experts, {}",
                 s.pairs, s.held, self.arch
@@ -222,7 +222,7 @@ impl Gpu {
     ) -> Result<()> {
         let bm = moe_tile_rows(s.pairs, s.held);
         let picked = moe_wgmma(self.arch);
-        let Some((name, smem)) = picked.filter(|_| k % 8 == 0 && bm == 64) else {
+        let Some((name, smem)) = picked.filter(|_| k.is_multiple_of(8) && bm == 64) else {
             return Err(CudaError::Invalid(format!(
                 "the wgmma grouped GEMM needs k % 8 == 0, 64-row tiles and sm_90a (and not MLASERVE_MOE_WGMMA=0), got k={k}, {bm} rows, {}",
                 self.arch
@@ -283,7 +283,7 @@ impl Gpu {
         out: u64,
     ) -> Result<()> {
         let align = wty.map_or(8, |t| t.block_values());
-        if k % align != 0 || !self.has_flash_attn() {
+        if !k.is_multiple_of(align) || !self.has_flash_attn() {
             return Err(CudaError::Invalid(format!(
                 "grouped expert GEMM over {wty:?} needs k % {align} == 0 and sm_80+, got k={k} on {}",
                 self.arch
@@ -317,7 +317,8 @@ impl Gpu {
     /// x (bf16), on the grouped GEMM's tensor-core kernel in dense mode: weight tiles
     /// dequantized in shared memory, every weight read once (one m-tile of 16 or 64 rows).
     pub fn qgemm_tc(&self, w: &QMat, m: usize, x: u64, out: u64, accumulate: bool) -> Result<()> {
-        if !self.has_flash_attn() || m == 0 || m > 64 || w.cols % w.ty.block_values() != 0 {
+        if !self.has_flash_attn() || m == 0 || m > 64 || !w.cols.is_multiple_of(w.ty.block_values())
+        {
             return Err(CudaError::Invalid(format!(
                 "qgemm_tc: {m} rows of {:?} [{} x {}] on {} (1-64 rows, sm_80+)",
                 w.ty, w.rows, w.cols, self.arch

@@ -412,7 +412,7 @@ impl Gpu {
         sin: u64,
         qb: u64,
     ) -> Result<()> {
-        if r % 2 != 0 || n_heads * head_stride > width || offset + r > head_stride {
+        if !r.is_multiple_of(2) || n_heads * head_stride > width || offset + r > head_stride {
             return Err(CudaError::Invalid(format!(
                 "q_finish: rope width {r} at {offset} of {n_heads} heads {head_stride} apart \
                  in rows of {width}"
@@ -509,7 +509,7 @@ impl Gpu {
         slots: u64,
         cache: u64,
     ) -> Result<()> {
-        if r % 2 != 0 {
+        if !r.is_multiple_of(2) {
             return Err(CudaError::Invalid(format!(
                 "kv_finish: qk_rope_head_dim {r} is odd (RoPE rotates pairs)"
             )));
@@ -698,7 +698,7 @@ impl Gpu {
         rope: Option<(u64, u64)>,
         kv: Option<&KvFinish>,
     ) -> Result<()> {
-        if d.p % 8 != 0 || d.p > 512 || d.r % 2 != 0 {
+        if !d.p.is_multiple_of(8) || d.p > 512 || !d.r.is_multiple_of(2) {
             return Err(CudaError::Invalid(format!(
                 "mla_q_absorb needs qk_nope % 8 == 0, <= 512 and an even rope width, got {} / {}",
                 d.p, d.r
@@ -767,7 +767,7 @@ impl Gpu {
         out_bf16: bool,
         beta: f32,
     ) -> Result<()> {
-        if d.l % 8 != 0 || d.l > 1024 || splits == 0 || splits > 256 {
+        if !d.l.is_multiple_of(8) || d.l > 1024 || splits == 0 || splits > 256 {
             return Err(CudaError::Invalid(format!(
                 "mla_combine_uv needs kv_lora_rank % 8 == 0 and <= 1024 and 1..=256 splits, got \
                  {} / {splits}",
@@ -1005,12 +1005,12 @@ impl Gpu {
     pub fn route_cluster_fits(&self, c: &RouteCfg, h: usize, cluster: usize) -> bool {
         (1..=8).contains(&cluster)
             && self.clusters_fit("moe_norm_route_cl", cluster as u32, 256)
-            && c.experts % cluster == 0
+            && c.experts.is_multiple_of(cluster)
             && c.experts <= 256
             && c.top_k <= 32
             && c.shared <= 32
             && c.n_group <= 64
-            && h % 4 == 0
+            && h.is_multiple_of(4)
             && h <= 8192
     }
 
@@ -1102,7 +1102,7 @@ impl Gpu {
         rows: usize,
         out: u64,
     ) -> Result<()> {
-        if n % 8 != 0 {
+        if !n.is_multiple_of(8) {
             return Err(CudaError::Invalid(format!(
                 "moe_gemv needs n % 8 == 0, got {n}"
             )));
@@ -1165,7 +1165,7 @@ impl Gpu {
         act: u64,
         nowait: bool,
     ) -> Result<()> {
-        if n % 8 != 0 || x_div == 0 || k_routed > x_div {
+        if !n.is_multiple_of(8) || x_div == 0 || k_routed > x_div {
             return Err(CudaError::Invalid(format!(
                 "moe_gemv_swiglu needs n % 8 == 0, x_div > 0 and k_routed <= x_div, got n {n}, \
                  x_div {x_div}, k_routed {k_routed}"
@@ -1174,7 +1174,7 @@ impl Gpu {
         static EARLY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let early = *EARLY
             .get_or_init(|| std::env::var("MLASERVE_SHARED_EARLY").map_or(true, |v| v != "0"));
-        let kr = if early && pairs % x_div == 0 && views.has_slices() {
+        let kr = if early && pairs.is_multiple_of(x_div) && views.has_slices() {
             k_routed
         } else {
             x_div
@@ -1251,7 +1251,7 @@ impl Gpu {
         x: u64,
         ids_final: bool,
     ) -> Result<()> {
-        if n % 8 != 0 || t * k > 256 {
+        if !n.is_multiple_of(8) || t * k > 256 {
             return Err(CudaError::Invalid(format!(
                 "moe_gemv_combine needs n % 8 == 0 and <= 256 pairs, got n {n}, {t} tokens of \
                  {k} slots"

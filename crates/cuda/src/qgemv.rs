@@ -179,7 +179,7 @@ impl QPath {
                 && QmvVariant::for_m(QType::Q8_0, m.min(QmvVariant::MAX_M))
                     .is_some_and(|v| v.smem(k) <= max_smem / share)
         };
-        let mmq = tc && k % 256 == 0 && m <= crate::qmmq::QMMQ_MAX_M && from.is_some();
+        let mmq = tc && k.is_multiple_of(256) && m <= crate::qmmq::QMMQ_MAX_M && from.is_some();
         if mmq && from.is_some_and(|lo| m >= lo) {
             QPath::Mmq
         } else if (m <= QMV_GEMV_MAX_M && (fits(m, 2) || (m == 1 && fits(1, 1))))
@@ -479,7 +479,7 @@ fn w3_allowed() -> bool {
 impl Gpu {
     /// Uploads `bytes` (raw ggml blocks of a [rows, cols] matrix of `ty`) in the GPU layout.
     pub fn upload_qmat(&self, ty: QType, rows: usize, cols: usize, bytes: &[u8]) -> Result<QMat> {
-        if cols % ty.block_values() != 0 {
+        if !cols.is_multiple_of(ty.block_values()) {
             return Err(CudaError::Invalid(format!(
                 "{ty:?} matrix with {cols} columns: not a multiple of the block size {}",
                 ty.block_values()
@@ -522,7 +522,7 @@ impl Gpu {
 
     /// x bf16 [m, k] (k % 32 == 0) quantized to int8 per 32 values.
     pub fn quantize_x(&self, x: u64, m: usize, k: usize) -> Result<QuantX> {
-        if k % 32 != 0 {
+        if !k.is_multiple_of(32) {
             return Err(CudaError::Invalid(format!(
                 "quantize_x: k = {k} is not a multiple of 32"
             )));
@@ -732,7 +732,7 @@ impl Gpu {
         grid_cap: Option<usize>,
     ) -> Result<()> {
         self.qmv_check(w.ty, w.rows, w.cols)?;
-        if w.rows % 2 != 0 || !glu_allowed() || !self.one_vector_runs(w.ty, v) {
+        if !w.rows.is_multiple_of(2) || !glu_allowed() || !self.one_vector_runs(w.ty, v) {
             return Err(CudaError::Invalid(format!(
                 "qmv_glu: a gate|up of {} rows on {v:?} (even rows, a kernel of \
                  QmvVariant::one_vector that runs here, MLASERVE_QMV_GLU and MLASERVE_QMV_WIDE \
@@ -754,7 +754,7 @@ impl Gpu {
     pub fn qgemm_glu(&self, w: &QMat, m: usize, x: u64, act: u64) -> Result<bool> {
         let tc = self.has_flash_attn();
         if m != 1
-            || w.rows % 2 != 0
+            || !w.rows.is_multiple_of(2)
             || !glu_allowed()
             || QPath::choose(1, w.cols, self.max_smem_per_block, tc, w.mmq_from()) != QPath::Gemv
         {
@@ -851,7 +851,7 @@ impl Gpu {
     }
 
     fn qmv_check(&self, ty: QType, rows: usize, k: usize) -> Result<()> {
-        if k % ty.block_values() != 0 || k > QMV_MAX_K || rows > i32::MAX as usize {
+        if !k.is_multiple_of(ty.block_values()) || k > QMV_MAX_K || rows > i32::MAX as usize {
             return Err(CudaError::Invalid(format!(
                 "qmv: {ty:?} [{rows} x {k}]: K must be a multiple of {} and at most {QMV_MAX_K}",
                 ty.block_values()
@@ -996,7 +996,7 @@ impl Gpu {
 
     /// out [n, cols] bf16 = rows r0 .. r0 + n of `w`, dequantized (16-byte aligned `out`).
     pub fn dequant_rows_bf16(&self, w: &QMat, r0: usize, n: usize, out: u64) -> Result<()> {
-        if out % 16 != 0 || r0 + n > w.rows {
+        if !out.is_multiple_of(16) || r0 + n > w.rows {
             return Err(CudaError::Invalid(format!(
                 "dequant_rows_bf16: rows {r0}..{} of {} into {out:#x} (16-byte aligned)",
                 r0 + n,

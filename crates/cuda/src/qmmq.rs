@@ -72,7 +72,7 @@ impl Gpu {
             && (1..=QMMQ_MAX_M).contains(&m)
             && w.rows > 0
             && w.cols > 0
-            && w.cols % 256 == 0
+            && w.cols.is_multiple_of(256)
     }
 
     /// out[M, rows] (+)= x[M, cols] . W^T, x bf16 [M, cols], out f32 [M, rows]: x quantized
@@ -161,7 +161,7 @@ impl Gpu {
         k: usize,
         ty: QType,
     ) -> Result<(DBuf<i8>, DBuf<f32>)> {
-        if !(1..=QMMQ_MAX_M).contains(&m) || k == 0 || k % 256 != 0 {
+        if !(1..=QMMQ_MAX_M).contains(&m) || k == 0 || !k.is_multiple_of(256) {
             return Err(CudaError::Invalid(format!(
                 "quantize_mmq_x: {m} rows of {k} values (1-{QMMQ_MAX_M} rows, k % 256 == 0)"
             )));
@@ -183,7 +183,7 @@ impl Gpu {
 
     /// Whether [`Gpu::moe_gemm`] takes quantized experts of `k` columns to [`Gpu::moe_mmq`].
     pub fn moe_mmq_fits(&self, k: usize) -> bool {
-        self.has_flash_attn() && k % 256 == 0 && mmq_env() != Some(None)
+        self.has_flash_attn() && k.is_multiple_of(256) && mmq_env() != Some(None)
     }
 
     /// [`Gpu::moe_gemm`] over quantized experts on the int8 tensor-core kernel: the sorted rows
@@ -202,7 +202,7 @@ impl Gpu {
         k: usize,
         out: u64,
     ) -> Result<()> {
-        if !self.has_flash_attn() || k % 256 != 0 {
+        if !self.has_flash_attn() || !k.is_multiple_of(256) {
             return Err(CudaError::Invalid(format!(
                 "moe_mmq over {ty:?} needs k % 256 == 0 and sm_80+, got k={k} on {}",
                 self.arch

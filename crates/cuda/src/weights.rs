@@ -110,7 +110,7 @@ struct Up<'a> {
 impl Up<'_> {
     /// The block type `m` stays in on the device, if any.
     fn keeps(&self, m: &QMatrix) -> Option<QType> {
-        QType::from_ggml(m.ty).filter(|t| self.native && m.cols % t.block_values() == 0)
+        QType::from_ggml(m.ty).filter(|t| self.native && m.cols.is_multiple_of(t.block_values()))
     }
 
     fn linear(&self, m: &QMatrix) -> Result<GLinear> {
@@ -466,7 +466,7 @@ mod tests {
     }
 
     fn keeps_q8(m: &QMatrix) -> Option<QType> {
-        QType::from_ggml(m.ty).filter(|t| m.cols % t.block_values() == 0)
+        QType::from_ggml(m.ty).filter(|t| m.cols.is_multiple_of(t.block_values()))
     }
 
     /// The shared MLP is cut into slices only where they are exact and readable in place:

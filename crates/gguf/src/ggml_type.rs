@@ -150,7 +150,7 @@ impl GgmlType {
     /// number of blocks or the byte count overflows u64.
     pub fn row_bytes(self, n_elements: u64) -> Option<u64> {
         let bs = self.block_size() as u64;
-        if n_elements % bs != 0 {
+        if !n_elements.is_multiple_of(bs) {
             return None;
         }
         (n_elements / bs).checked_mul(self.type_size() as u64)

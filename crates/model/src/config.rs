@@ -534,7 +534,7 @@ impl ModelConfig {
                 return err(format!("{name} must be > 0"));
             }
         }
-        if self.qk_rope_head_dim % 2 != 0 {
+        if !self.qk_rope_head_dim.is_multiple_of(2) {
             return err(format!(
                 "qk_rope_head_dim {} must be even (rotated in pairs)",
                 self.qk_rope_head_dim

@@ -61,10 +61,10 @@ fn absorb_fused(d: &AttnDims) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let on = *ON.get_or_init(|| std::env::var("MLASERVE_FUSED_ABSORB").map_or(true, |v| v != "0"));
     on && d.t <= ABSORB_FUSED_MAX_T
-        && d.p % 8 == 0
+        && d.p.is_multiple_of(8)
         && d.p <= 512
-        && d.r % 2 == 0
-        && d.l % 8 == 0
+        && d.r.is_multiple_of(2)
+        && d.l.is_multiple_of(8)
         && d.l <= 1024
 }
 

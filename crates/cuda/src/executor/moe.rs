@@ -41,8 +41,8 @@ pub(super) fn moe_gemv_ok(m: &GMoe, cfg: &ModelConfig) -> bool {
     !m.experts.is_empty()
         && quantized_k_ok(m.gate_up_ty, cfg.hidden_size)
         && quantized_k_ok(m.down_ty, m.experts[0].f)
-        && cfg.hidden_size % 8 == 0
-        && m.experts[0].f % 8 == 0
+        && cfg.hidden_size.is_multiple_of(8)
+        && m.experts[0].f.is_multiple_of(8)
         && m.num_experts <= 1024
         && groups <= 64
         && slots * MOE_GEMV_MAX_TOKENS <= 256

@@ -4,10 +4,11 @@
 //! W_UK/W_UV, one attention kernel) or absorbed (decode: q_lat = W_UK·q_nope, the split
 //! kernel over the paged latent cache, out = W_UV·o_lat) — adding into the same output rows.
 //!
-//! Invariants: a token's own latent row is in the cache before any path reads it (or, on the
-//! fused decode path, is handed to the kernel beside the cache, `Early`); each path sees zero
-//! keys for the other's tokens, so their outputs add; the fused paths are taken only where
-//! the unfused ones would compute the same rows (their knobs compare the two).
+//! Invariants: a token's own latent row is in the cache before any path reads it (on the
+//! fused decode path the launch just before the decode writes it, and the decode reads that
+//! row only after its wait: `Early::TileButNew`); each path sees zero keys for the other's
+//! tokens, so their outputs add; the fused paths are taken only where the unfused ones would
+//! compute the same rows (their knobs compare the two).
 
 use super::{linear, CudaExecutor, GpuCache, MQA_MAX_SPLITS};
 use crate::error::{CudaError, Result};

@@ -19,8 +19,8 @@ typedef long long i64;
 // while the previous kernel finishes. It starts with the marker MLA_WEIGHTS_FIRST(); instead,
 // and the kernels.rs test then wants MLA_PDL(); in its body, or in the device function it
 // runs before that function's first read of anything a kernel writes (qgemv.cu's qmv_t: the
-// pairs wait before reading the routing's ids, dense after requesting its first weight steps
-// and before reading x). One more read is allowed there,
+// pairs wait before reading the routing's ids — but under the third exception below — dense
+// after requesting its first weight steps and before reading x). One more read is allowed there,
 // only where the host says so (mla_decode_w64's `early`): inputs written before the previous
 // kernel began. A kernel starts only once every block of the one before it has passed that
 // kernel's own MLA_PDL(), i.e. once the kernel before that has completed.
@@ -44,6 +44,8 @@ typedef long long i64;
 // pass their wait (on the routing) before `if (i >= f) return;` and before letting the combine
 // in, so every block of the combine starts after the routing has completed; what the
 // SwiGLU kernel writes (act) and the combine's other inputs (wts, x) are read after the wait.
+// The same for qgemv.cu's qmv_t over pairs under `accumulate` bit 1 (Gpu::qmv_pairs_after:
+// the quantized down GEMV after the gate|up pairs GEMV, every block of which waits first).
 // As with the second exception, that the completed routing's stores are in L2 for a grid
 // that did not wait on it is the hardware's behaviour, not PTX's model; the e2e and graph
 // tests run it on the real chain.
@@ -130,6 +132,14 @@ __device__ __forceinline__ void dot2_steps4(const uint4* a, const uint4* b, cons
             s1 += bf2f(bb[j]) * bf2f(xe[j]);
         }
     }
+}
+
+// An int read through L2 (ld.global.cg): never a line an earlier kernel left in this SM's L1
+// (inputs read before a PDL wait that a kernel two or more back wrote).
+__device__ __forceinline__ int ld_cg_s32(const int* p) {
+    int v;
+    asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -767,12 +767,6 @@ __device__ __forceinline__ CombineItem combine_item(int it, int r0, int nr) {
     return {j, ra, min(ra + 1, r0 + nr - 1)};
 }
 
-__device__ __forceinline__ int ld_cg_s32(const int* p) {
-    int v;
-    asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(v) : "l"(p));
-    return v;
-}
-
 // The first item of this warp, its first four K steps of both rows into a, b before the wait
 // (tab_on bit 1). True where loaded (a held expert with a pointer).
 template <int RG>

@@ -304,7 +304,8 @@ struct QmvStep {
 // of the next DEPTH steps in flight while it computes one (across row groups too), the
 // first ones requested before x is quantized and, dense, before the wait on the previous
 // grid (weights are never written by a kernel; a pair's matrix comes from the routing's ids,
-// so the pairs wait first). A lane's share of a step is NQ 16-byte words of
+// so the pairs wait first, unless the host vouches that their ids are final: accumulate bit
+// 1, in qmv_t's body). A lane's share of a step is NQ 16-byte words of
 // quants a row:
 // - Q8_0: 16 * NQ quants (one scale), 512 * NQ a warp;
 // - Q4_K: NQ = 1, a quarter of the nibbles of sub-blocks 2h, 2h + 1 (8 lanes a super-block,
@@ -332,9 +333,16 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     const int gw = blockIdx.x * 8 + warp, nw = gridDim.x * 8;
     int xr = x_div, orow = 0, nv = min(m, MT);
     const unsigned char* w = (const unsigned char*)w0;
+    // Pairs with accumulate bit 1 (the host vouches, Gpu::qmv_pairs_after): ids are final
+    // before this grid's wait — every block of each kernel since the one that wrote them waited
+    // before letting the next in — so the matrix is looked up (ids through L2) and its first
+    // steps requested before the wait, as a dense product's are (common.cuh's third
+    // exception). x, and every store, come after the wait.
+    const bool early = ids != nullptr && (accumulate & 2);
+    accumulate &= 1;
     if (ids != nullptr) {
-        MLA_PDL();  // the routing's ids pick the matrix
-        const int p = blockIdx.y, ex = ids[p] - first;
+        if (!early) MLA_PDL();  // the routing's ids pick the matrix
+        const int p = blockIdx.y, ex = (early ? ld_cg_s32(ids + p) : ids[p]) - first;
         xr = p / x_div;
         orow = p;
         nv = 1;
@@ -348,7 +356,7 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     if (w == nullptr) {
         // a pair whose expert is not held: zeros (dense, w0 = 0, the host refuses: a plain
         // product would store zeros, not add them, and a combine would be lost)
-        if (ids == nullptr) MLA_PDL();
+        if (ids == nullptr || early) MLA_PDL();
         for (int g = gw; g < groups; g += nw) {
             if (GLU) {
                 if (lane == 0) act[(i64)orow * glu + g] = f2bf(0.f);
@@ -450,7 +458,8 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
         else
             load(pre[d]);
     }
-    if (ids == nullptr) MLA_PDL();  // dense: the first steps were requested before the wait
+    // dense, or early pairs: the first steps were requested before the wait
+    if (ids == nullptr || early) MLA_PDL();
     for (int v = 0; v < nv; v++) {
         const bf16* xrow = x + (i64)(xr + v) * k;
         if constexpr (QCOOP) {
@@ -644,7 +653,7 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
                                      int x_div, int rows, int k, int m, int accumulate,        \
                                      float* out, int glu, bf16* act, const float* cy,          \
                                      const float* cw, int ck) {                                \
-        MLA_WEIGHTS_FIRST(); /* qmv_t waits: dense after its first loads, pairs first */       \
+        MLA_WEIGHTS_FIRST(); /* qmv_t waits: dense (and early pairs) after its first loads */  \
         qmv_t<TY, R, MT, DEPTH, NQ, GLU>(w_ptrs, w0, first, held, ids, x, x_div, rows, k, m,   \
                                          accumulate, out, glu, act, cy, cw, ck);               \
     }

@@ -395,7 +395,8 @@ mod tests {
     /// the device function it runs, ahead of that function's first read of kernel output.
     /// Not checked here: common.cuh's second exception, `moe_gemv_swiglu`'s shared-slice
     /// branch (`tab_on & 2`), which reads x and writes act without waiting and returns; and
-    /// its third, `moe_gemv_combine` reading ids before its wait under `tab_on` bit 1.
+    /// its third, `moe_gemv_combine` reading ids before its wait under `tab_on` bit 1 (the
+    /// same for qmv_t's pairs is checked by qmv_t_waits_before_reading).
     #[test]
     fn every_kernel_waits_for_the_previous_grid_first() {
         let source = strip_comments(SOURCE);
@@ -431,14 +432,18 @@ mod tests {
     }
 
     /// qgemv.cu's qmv_t, which its kernels enter before any wait: the pairs wait before
-    /// reading the routing's ids, a dense launch without a matrix before storing, and a dense
-    /// launch between requesting its first weights and reading x — with nothing a kernel
-    /// writes (x, ids, out, act, cy, cw) read before that wait.
+    /// reading the routing's ids (unless `early`, the host's accumulate bit 1: common.cuh's
+    /// third exception, ids through ld_cg_s32), a launch without a matrix before storing, and
+    /// a dense or early launch between requesting its first weights and reading x — with
+    /// nothing else a kernel writes (x, ids, out, act, cy, cw) read before that wait.
     fn qmv_t_waits_before_reading(source: &str) -> bool {
         let at = source.find("void qmv_t(").expect("qmv_t");
         let (b0, b1) = block(source, at);
         let src = &source[b0..b1];
-        let wait = "if (ids == nullptr) MLA_PDL();";
+        let wait = "if (ids == nullptr || early) MLA_PDL();";
+        if !src.contains("const bool early = ids != nullptr && (accumulate & 2);") {
+            return false;
+        }
         let starts_with_wait = |opener: &str, w: &str| {
             src.find(opener).is_some_and(|o| {
                 let (c0, c1) = block(src, o);
@@ -460,7 +465,7 @@ mod tests {
             }
         }
         let outputs = ["x", "ids", "out", "act", "cy", "cw"];
-        starts_with_wait("if (ids != nullptr)", "MLA_PDL();")
+        starts_with_wait("if (ids != nullptr)", "if (!early) MLA_PDL();")
             && starts_with_wait("if (w == nullptr)", wait)
             && reads_any(&before, &outputs).is_none()
     }

@@ -454,6 +454,13 @@ fn glu_allowed() -> bool {
         && narrow_only(QmvVariant::PAIRS) == QmvVariant::PAIRS
 }
 
+/// Whether [`Gpu::qmv_pairs_after`] looks its matrices up before the wait where the caller
+/// allows it (`MLASERVE_QMV_PAIRS_EARLY=0`: never, for comparisons).
+fn pairs_early() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLASERVE_QMV_PAIRS_EARLY").map_or(true, |v| v != "0"))
+}
+
 /// The narrowest K the bulk kernels run at: [`QmvVariant::BULK_MIN_K`]; `MLASERVE_QMV_BULK=0`
 /// (comparisons, read once): never ([`usize::MAX`]); `=all`: at every K.
 fn bulk_min_k() -> usize {
@@ -910,7 +917,28 @@ impl Gpu {
         out: u64,
     ) -> Result<()> {
         let p = (pairs, w_ptrs, first, held, ids);
-        self.qmv_pairs_launch(ty, p, x, k, x_div, rows, out, Epilogue::Plain)
+        self.qmv_pairs_launch(ty, p, x, k, x_div, rows, out, Epilogue::Plain, false)
+    }
+
+    /// [`Gpu::qmv_pairs`]; `ids_final` (the caller vouches that every block of each kernel
+    /// since the one that wrote `ids` waited before letting the next kernel in — the expert
+    /// down GEMV after the gate|up one over the same ids): each pair's matrix is looked up and
+    /// its first steps requested before the wait, beside the kernel before's tail
+    /// (qgemv.cu). The same sums. `MLASERVE_QMV_PAIRS_EARLY=0`: never, for comparisons.
+    #[allow(clippy::too_many_arguments)]
+    pub fn qmv_pairs_after(
+        &self,
+        ty: QType,
+        (pairs, w_ptrs, first, held, ids): (usize, u64, usize, usize, u64),
+        x: u64,
+        k: usize,
+        x_div: usize,
+        rows: usize,
+        out: u64,
+        ids_final: bool,
+    ) -> Result<()> {
+        let p = (pairs, w_ptrs, first, held, ids);
+        self.qmv_pairs_launch(ty, p, x, k, x_div, rows, out, Epilogue::Plain, ids_final)
     }
 
     /// [`Gpu::qmv_pairs`] over gate|up matrices [2f, k] with the SwiGLU epilogue of
@@ -937,7 +965,17 @@ impl Gpu {
             ));
         }
         let p = (pairs, w_ptrs, first, held, ids);
-        self.qmv_pairs_launch(ty, p, x, k, x_div, 2 * f, 0, Epilogue::Glu { f, act })
+        self.qmv_pairs_launch(
+            ty,
+            p,
+            x,
+            k,
+            x_div,
+            2 * f,
+            0,
+            Epilogue::Glu { f, act },
+            false,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -951,6 +989,7 @@ impl Gpu {
         rows: usize,
         out: u64,
         epi: Epilogue,
+        ids_final: bool,
     ) -> Result<()> {
         self.qmv_check(ty, rows, k)?;
         if pairs == 0 || rows == 0 {
@@ -979,12 +1018,14 @@ impl Gpu {
             shared_mem_bytes: smem as u32,
         };
         let (f, h, xd) = (first as i32, held as i32, x_div as i32);
-        let (r32, k32, zero, one) = (rows as i32, k as i32, 0i32, 1i32);
+        let (r32, k32, one) = (rows as i32, k as i32, 1i32);
+        // accumulate: pairs never add into out; bit 1, their ids are final (qgemv.cu)
+        let flags = ((ids_final && pairs_early()) as i32) << 1;
         self.launch(
             &name,
             cfg,
             &args![
-                w_ptrs, 0u64, f, h, ids, x, xd, r32, k32, one, zero, out, glu_f, act, cy, cw, ck
+                w_ptrs, 0u64, f, h, ids, x, xd, r32, k32, one, flags, out, glu_f, act, cy, cw, ck
             ],
         )
     }

@@ -3346,6 +3346,26 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         }
         let err = rel_err(&gpu.to_host(&out).unwrap(), &wp);
         rep.check("qmv_pairs", shape(1), "q*i8>f32", err, 1e-4);
+        // ids final (uploaded before): the matrices looked up and their first steps requested
+        // before the wait — bit for bit the waiting launch, over a table whose two held
+        // matrices differ (so a matrix looked up wrongly shows)
+        let qm3 = QMatrix::quantize_from_f32(ggml, rows, k, &rng.vec(rows * k, 0.05)).unwrap();
+        let w3 = gpu.upload_qmat(ty, rows, k, qm3.data()).unwrap();
+        let ptrs3 = gpu.upload(&[wd.w.ptr(), 0, w3.w.ptr()]).unwrap();
+        let p = (ids.len(), ptrs3.ptr(), 1, 3, idd.ptr());
+        let [plain, early] = [false, true].map(|ids_final| {
+            let o = poisoned::<f32>(gpu, ids.len() * rows);
+            gpu.qmv_pairs_after(ty, p, xb.ptr(), k, 2, rows, o.ptr(), ids_final)
+                .unwrap();
+            gpu.to_host(&o).unwrap()
+        });
+        let mism = early
+            .iter()
+            .zip(&plain)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        let name = format!("{}, ids final vs qmv_pairs", shape(1));
+        rep.check("qmv_pairs", name, "q*i8>f32", mism as f64, 0.0);
         // The SwiGLU epilogue (the matrix as a gate|up [2f, k]): bit for bit the GEMV into f32
         // then silu_mul, dense at vectors 0 and 5 (the default kernel, then both kernels with
         // a twin on full and capped grids, where a warp walks many row pairs) and over the

@@ -427,7 +427,14 @@ impl CudaExecutor {
             }
         }
         let y = gpu.alloc::<f32>(pairs * h)?;
-        gemv(m.down_ty, down, act.ptr(), 1, f, h, y.ptr())?;
+        match m.down_ty {
+            // every block of the gate|up kernels before waited for the routing: ids are final
+            Some(ty) => {
+                let p = (pairs, down, first, held, ids.ptr());
+                gpu.qmv_pairs_after(ty, p, act.ptr(), f, 1, h, y.ptr(), true)?
+            }
+            None => gemv(None, down, act.ptr(), 1, f, h, y.ptr())?,
+        }
         if !defer {
             gpu.moe_combine_pairs(t, out, y.ptr(), w.ptr(), k, h)?;
             return Ok(Small::Routed);

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Prepared in session 41 for the next session's first device run. NOT RUN: session 42's twenty
-# calls were all refused (v2lite.md, "Forty-second session"). Run s42-run2.sh in the same call
-# (bash .device/next.sh > /dev/null; cat $OUT/first.txt; bash .device/run2.sh): ~400 s.
+# Prepared in session 41 for the next session's first device run. RAN in session 43 (06:04 UTC,
+# an H100: v2lite-s43-run1.txt); the patch landed as 8816e75 and its file is gone (the build
+# below: b3710df with it applied = 8816e75's kernels). Session 42's twenty calls were all
+# refused. Run with s42-run2.sh in the same call:
+# (bash .device/next.sh > /dev/null; cat $OUT/first.txt; bash .device/run2.sh): ~310 s.
 # 1. Item 2 on an H200 at last: the bf16 b1 step with 1ed4af7's early combine against itself
 #    with MLASERVE_COMBINE_EARLY=0 (b117da5's step: session 41's run 2 measured the two equal,
 #    2,277.7 against 2,278.4 µs on an H100), two rounds.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Prepared in session 42 (NOT RUN: no machine was lent; v2lite.md, "Forty-second session"),
-# to follow s42-first.sh in the same call, on its pack (with read_bw packed too). Where the
+# Prepared in session 42 (not run there: no machine was lent); RAN in session 43 after
+# s42-first.sh in the same call, on an H100 (v2lite-s43-run2.txt), on its pack (with read_bw
+# packed too). Where the
 # bf16 b1 step's time goes, kernel by kernel, on the card:
 # - the per-kernel profile (an event after each kernel);
 # - then each of its nine largest kernels' marginal cost in the pipelined step

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# NOT RUN (session 42: no machine was lent; session 43 ran s42-first.sh whole). s42-first.sh cut down for a session with little
+# NOT RUN (session 42: no machine was lent; session 43 ran s42-first.sh whole; the patch landed as 8816e75 and its file is gone). s42-first.sh cut down for a session with little
 # device time left: the Q4_K model's b1/b2 steps with qmv-pairs-early-s41.patch against
 # MLASERVE_QMV_PAIRS_EARLY=0 first (the decision), then the quantized op family (the "ids
 # final" row), e2e, graphs, and the bf16 b1 step against MLASERVE_COMBINE_EARLY=0 last.

@@ -45,7 +45,8 @@ typedef long long i64;
 // in, so every block of the combine starts after the routing has completed; what the
 // SwiGLU kernel writes (act) and the combine's other inputs (wts, x) are read after the wait.
 // The same for qgemv.cu's qmv_t over pairs under `accumulate` bit 1 (Gpu::qmv_pairs_after:
-// the quantized down GEMV after the gate|up pairs GEMV, every block of which waits first).
+// the quantized down GEMV after the gate|up pairs GEMV, every block of which waits first; or,
+// without the SwiGLU epilogue, after silu_mul, which waits in every block too).
 // As with the second exception, that the completed routing's stores are in L2 for a grid
 // that did not wait on it is the hardware's behaviour, not PTX's model; the e2e and graph
 // tests run it on the real chain.

@@ -16,7 +16,7 @@
 //!    CPU's rules, then expert GEMVs, a grouped GEMM or per-expert GEMMs by token count, and
 //!    a deterministic weighted combine.
 //!
-//! Steps 1-3 are `executor/attention.rs`, the MoE FFN `executor/moe.rs`; this file holds the
+//! Steps 1-3 past the attention norm are `executor/attention.rs`, the MoE FFN `executor/moe.rs`; this file holds the
 //! step itself (inputs, CUDA graphs, logits and picks) and the dense layers.
 //!
 //! Invariant: every batch is validated against the cache before any device work, exactly as

@@ -1,14 +1,18 @@
-//! The attention of a step (steps 1-3 of the module doc above): q and the latent rows from
-//! the normed hidden rows, the latent cache write, DSA's key selection, then each sequence's
-//! path — unabsorbed (prefill and chunked prefill: positions gathered and decompressed by
-//! W_UK/W_UV, one attention kernel) or absorbed (decode: q_lat = W_UK·q_nope, the split
-//! kernel over the paged latent cache, out = W_UV·o_lat) — adding into the same output rows.
+//! The attention of a step (steps 1-3 of the module doc above, from the normed hidden rows
+//! on; the norm itself is the step's, or the first projection GEMV's): q and the latent rows,
+//! the latent cache write, DSA's key selection, then each sequence's path — unabsorbed
+//! (prefill and chunked prefill: positions gathered and decompressed by W_UK/W_UV, one
+//! attention kernel) or absorbed (decode: q_lat = W_UK·q_nope, the split kernel over the
+//! paged latent cache, out = W_UV·o_lat) — adding into the same output rows.
 //!
-//! Invariants: a token's own latent row is in the cache before any path reads it (on the
-//! fused decode path the launch just before the decode writes it, and the decode reads that
-//! row only after its wait: `Early::TileButNew`); each path sees zero keys for the other's
-//! tokens, so their outputs add; the fused paths are taken only where the unfused ones would
-//! compute the same rows (their knobs compare the two).
+//! Invariants:
+//! - A token's own latent row is in the cache before any path reads it, but on the two fused
+//!   decode paths: the one-token cluster kernel (`mla_attn_cl`) finishes the row, writes it
+//!   to the cache and takes its key from shared memory; after `mla_q_absorb` (which writes
+//!   it) the wgmma decode reads that row only after its wait (`Early::TileButNew`).
+//! - Each path sees zero keys for the other's tokens, so their outputs add.
+//! - The fused paths are taken only where the unfused ones would compute the same rows (their
+//!   knobs compare the two).
 
 use super::{linear, CudaExecutor, GpuCache, MQA_MAX_SPLITS};
 use crate::error::{CudaError, Result};

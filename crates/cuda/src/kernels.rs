@@ -465,7 +465,16 @@ mod tests {
             }
         }
         let outputs = ["x", "ids", "out", "act", "cy", "cw"];
+        // the pairs' block runs before any wait when early: it reads the one id, through
+        // ld_cg_s32 (common.cuh's third exception), and nothing else a kernel writes
+        let id_read = "(early ? ld_cg_s32(ids + p) : ids[p])";
+        let ids_block_reads_only_the_id = src.find("if (ids != nullptr)").is_some_and(|o| {
+            let (c0, c1) = block(src, o);
+            let b = &src[c0..c1];
+            b.contains(id_read) && reads_any(&b.replace(id_read, ""), &outputs).is_none()
+        });
         starts_with_wait("if (ids != nullptr)", "if (!early) MLA_PDL();")
+            && ids_block_reads_only_the_id
             && starts_with_wait("if (w == nullptr)", wait)
             && reads_any(&before, &outputs).is_none()
     }

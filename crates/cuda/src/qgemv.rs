@@ -920,7 +920,8 @@ impl Gpu {
         self.qmv_pairs_launch(ty, p, x, k, x_div, rows, out, Epilogue::Plain, false)
     }
 
-    /// [`Gpu::qmv_pairs`]; `ids_final` (the caller vouches that every block of each kernel
+    /// [`Gpu::qmv_pairs`] with its pair arguments as one tuple `p` = (pairs, w_ptrs, first,
+    /// held, ids); `ids_final` (the caller vouches that every block of each kernel
     /// since the one that wrote `ids` waited before letting the next kernel in — the expert
     /// down GEMV after the gate|up one over the same ids): each pair's matrix is looked up and
     /// its first steps requested before the wait, beside the kernel before's tail
@@ -929,7 +930,7 @@ impl Gpu {
     pub fn qmv_pairs_after(
         &self,
         ty: QType,
-        (pairs, w_ptrs, first, held, ids): (usize, u64, usize, usize, u64),
+        p: (usize, u64, usize, usize, u64),
         x: u64,
         k: usize,
         x_div: usize,
@@ -937,7 +938,6 @@ impl Gpu {
         out: u64,
         ids_final: bool,
     ) -> Result<()> {
-        let p = (pairs, w_ptrs, first, held, ids);
         self.qmv_pairs_launch(ty, p, x, k, x_div, rows, out, Epilogue::Plain, ids_final)
     }
 

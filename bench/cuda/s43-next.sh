@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepared for session 43's second device call, NOT RUN (its five calls after run 2 were refused).
 # Pack: main's build by s42-first.sh's recipe (the patch has landed: nothing to apply), with
-# read_bw; cp this .device/next2.sh; run `bash .device/next2.sh` (~270 s on an H200).
+# read_bw — packed from 014d832 at the end of session 43 into .device/pkg, with this script as
+# .device/next.sh: run `bash .device/next.sh`, carry [".device"] (~270 s on an H200).
 # On an H200 (item 2's card): the bf16 b1 step (landed: early combine) against
 # MLASERVE_COMBINE_EARLY=0, and the Q4_K b1 step against MLASERVE_QMV_PAIRS_EARLY=0, two rounds
 # each; then s42-run2.sh's breakdown of the bf16 b1 step (profile, the nine largest kernels'

@@ -152,15 +152,19 @@ enum Sink<'a> {
 /// Whether a product of M rows with bf16 weights `w` takes the in-house GEMV (gemv.rs) rather
 /// than cuBLAS: M <= [`DENSE_GEMV_MAX_M`] and x fits its shared memory, except matrices of
 /// 65,536 rows or more (the lm_head, which cuBLAS streams at 94-100% of the copy ceiling).
-/// `MLASERVE_DENSE_GEMV=0`: always cuBLAS; `=N`: up to N rows (comparisons).
+/// `MLASERVE_DENSE_GEMV=0`: always cuBLAS; `=N`: up to N rows (comparisons);
+/// `MLASERVE_LM_HEAD_GEMV=1`: the GEMV for those large matrices too (comparisons).
 fn dense_gemv(m: usize, w: &GMat) -> bool {
     static MAX_M: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    static LARGE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let max_m = *MAX_M.get_or_init(|| match std::env::var("MLASERVE_DENSE_GEMV").as_deref() {
         Ok("0") => 0,
         Ok(v) => v.parse().unwrap_or(DENSE_GEMV_MAX_M),
         Err(_) => DENSE_GEMV_MAX_M,
     });
-    m <= max_m && gemv_fits(m, w.cols) && w.rows < 65_536
+    let large = *LARGE
+        .get_or_init(|| std::env::var("MLASERVE_LM_HEAD_GEMV").is_ok_and(|v| v == "1"));
+    m <= max_m && gemv_fits(m, w.cols) && (w.rows < 65_536 || large)
 }
 
 /// Most rows on the decode GEMV: V2-Lite bf16 decode (session 7, bench/cuda/v2lite.md) was

@@ -140,10 +140,13 @@ __device__ __forceinline__ void gemv_bf16_body(const GemvRows<PRE>& g, const flo
         if (c >= k) break;
         gemv_step<MT>(s, g.a[u], g.b[u], xs, k, m, c);
     }
-    for (int c0 = lane * 8 + PRE * 256; c0 < k; c0 += 4 * 32 * 8) {
-        uint4 a[4], b[4];
+#ifndef GEMV_LOOP
+#define GEMV_LOOP 4
+#endif
+    for (int c0 = lane * 8 + PRE * 256; c0 < k; c0 += GEMV_LOOP * 32 * 8) {
+        uint4 a[GEMV_LOOP], b[GEMV_LOOP];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < GEMV_LOOP; u++) {
             int c = c0 + u * 256;
             if (c < k) {
                 a[u] = *(const uint4*)(g.w[0] + c);
@@ -151,7 +154,7 @@ __device__ __forceinline__ void gemv_bf16_body(const GemvRows<PRE>& g, const flo
             }
         }
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < GEMV_LOOP; u++) {
             int c = c0 + u * 256;
             if (c >= k) break;
             gemv_step<MT>(s, a[u], b[u], xs, k, m, c);

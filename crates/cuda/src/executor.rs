@@ -162,8 +162,8 @@ fn dense_gemv(m: usize, w: &GMat) -> bool {
         Ok(v) => v.parse().unwrap_or(DENSE_GEMV_MAX_M),
         Err(_) => DENSE_GEMV_MAX_M,
     });
-    let large = *LARGE
-        .get_or_init(|| std::env::var("MLASERVE_LM_HEAD_GEMV").is_ok_and(|v| v == "1"));
+    let large =
+        *LARGE.get_or_init(|| std::env::var("MLASERVE_LM_HEAD_GEMV").is_ok_and(|v| v == "1"));
     m <= max_m && gemv_fits(m, w.cols) && (w.rows < 65_536 || large)
 }
 

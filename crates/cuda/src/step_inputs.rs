@@ -65,8 +65,8 @@ impl KeyListHost {
                     h.mha_slots.push(slot as i64);
                 }
             }
-            for ti in a..b {
-                let count = match &selected[ti] {
+            for (ti, sel) in selected.iter().enumerate().take(b).skip(a) {
+                let count = match sel {
                     Some(sel) => {
                         h.sel_off[ti] = h.sel_pos.len() as i32;
                         h.sel_pos.extend(sel.iter().map(|&j| j as i32));

@@ -113,7 +113,8 @@ fn decode_graphs_replay_eager_steps_exactly() {
         // its graph was captured with, the shape is captured again. (GLM: graphed while its
         // positions are inside the DSA window, steps 1-6.)
         let grow = vec![vec![5, 9]];
-        let scenarios: [(&[Vec<u32>], &[usize], usize); 4] = [
+        type Scenario<'a> = (&'a [Vec<u32>], &'a [usize], usize); // prompts, steps, graphs
+        let scenarios: [Scenario; 4] = [
             // Batches of 6, 5, 4, 3 below 256 keys, then (2, 2 splits) and (1, 2 splits);
             // GLM: positions past its DSA window, so nothing is captured.
             (&prompts, &steps, if dsa { 0 } else { 6 }),

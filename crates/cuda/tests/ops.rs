@@ -719,11 +719,10 @@ fn attention(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         let q_lat = rng.vec(t * heads * l, 1.0);
         let q = rng.vec(t * heads * (p + r), 1.0);
         let scale = 0.07;
-        let n_keys: Vec<i32>;
         let mut sel_off = vec![-1i32; t];
         let mut sel_pos = vec![0i32];
         let mut lists: Vec<Vec<usize>> = Vec::new();
-        for i in 0..t {
+        for (i, off) in sel_off.iter_mut().enumerate() {
             let pos = ctx + i;
             let keys: Vec<usize> = if sparse {
                 let scores = rng.vec(pos + 1, 1.0);
@@ -732,12 +731,12 @@ fn attention(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 (0..=pos).collect()
             };
             if sparse {
-                sel_off[i] = sel_pos.len() as i32;
+                *off = sel_pos.len() as i32;
                 sel_pos.extend(keys.iter().map(|&k| k as i32));
             }
             lists.push(keys);
         }
-        n_keys = lists.iter().map(|k| k.len() as i32).collect();
+        let n_keys: Vec<i32> = lists.iter().map(|k| k.len() as i32).collect();
         let d = |v: &[i32]| gpu.upload(v).unwrap();
         let (nk, so, sp) = (d(&n_keys), d(&sel_off), d(&sel_pos));
         let bt_off = d(&vec![0i32; t]);
@@ -830,12 +829,12 @@ fn attention(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         let mut sel_off = vec![-1i32; t];
         let mut sel_pos = vec![0i32];
         let mut lists = Vec::new();
-        for i in 0..t {
+        for (i, off) in sel_off.iter_mut().enumerate() {
             let pos = ctx + i;
             let keys: Vec<usize> = if sparse && pos >= 16 {
                 let sc = rng.vec(pos + 1, 1.0);
                 let k = top_k(&sc, 16);
-                sel_off[i] = sel_pos.len() as i32;
+                *off = sel_pos.len() as i32;
                 sel_pos.extend(k.iter().map(|&x| x as i32));
                 k
             } else {
@@ -1411,7 +1410,11 @@ fn op_table_against_cpu() {
     if let Some(o) = &only {
         println!("MLASERVE_OPS={o}: {} rows", rep.rows.len());
     }
-    let failed: Vec<_> = rep.rows.iter().filter(|r| !(r.3 <= r.4)).collect();
+    let failed: Vec<_> = rep
+        .rows
+        .iter()
+        .filter(|r| r.3.partial_cmp(&r.4).is_none_or(|o| o.is_gt()))
+        .collect();
     if let Ok(path) = std::env::var("MLASERVE_OP_REPORT") {
         let rows: Vec<serde_json::Value> = rep
             .rows

@@ -160,8 +160,11 @@ pub fn check_metadata(file: &GgufFile, cfg: &ModelConfig) -> Vec<Finding> {
     out
 }
 
+/// Probes as (name, values, shape), in capture order.
+pub type Captured = Vec<(String, Vec<f32>, Vec<usize>)>;
+
 /// Concatenate the records of each probe name over steps: name -> (data, row shape), in order.
-fn by_name(records: Vec<Record>) -> Vec<(String, Vec<f32>, Vec<usize>)> {
+fn by_name(records: Vec<Record>) -> Captured {
     let mut order: Vec<String> = Vec::new();
     let mut map: HashMap<String, (Vec<f32>, Vec<usize>)> = HashMap::new();
     for r in records {
@@ -186,7 +189,7 @@ pub fn capture(
     tokens: &[u32],
     path: AttentionPath,
     chunk: usize,
-) -> Result<Vec<(String, Vec<f32>, Vec<usize>)>, crate::ModelError> {
+) -> Result<Captured, crate::ModelError> {
     probe::start_capture("*");
     let r = score(model, tokens, path, chunk);
     let recs = probe::take_capture();

@@ -150,10 +150,12 @@ enum Sink<'a> {
 }
 
 /// Whether a product of M rows with bf16 weights `w` takes the in-house GEMV (gemv.rs) rather
-/// than cuBLAS: M <= [`DENSE_GEMV_MAX_M`] and x fits its shared memory, except matrices of
-/// 65,536 rows or more (the lm_head, which cuBLAS streams at 94-100% of the copy ceiling).
+/// than cuBLAS: M <= [`DENSE_GEMV_MAX_M`] and x fits its shared memory; matrices of 65,536 rows
+/// or more (the lm_head) at M = 1 only, where the GEMV streams at the read ceiling (session 44,
+/// an H100: V2-Lite's lm_head 145.2 -> 133.6 µs in the profile, the b1 step −5.5 µs) and
+/// cuBLAS did not (at M = 2 the GEMV is not measured against it there).
 /// `MLASERVE_DENSE_GEMV=0`: always cuBLAS; `=N`: up to N rows (comparisons);
-/// `MLASERVE_LM_HEAD_GEMV=1`: the GEMV for those large matrices too (comparisons).
+/// `MLASERVE_LM_HEAD_GEMV=0`: cuBLAS for those large matrices at every M (comparisons).
 fn dense_gemv(m: usize, w: &GMat) -> bool {
     static MAX_M: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     static LARGE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -163,8 +165,8 @@ fn dense_gemv(m: usize, w: &GMat) -> bool {
         Err(_) => DENSE_GEMV_MAX_M,
     });
     let large =
-        *LARGE.get_or_init(|| std::env::var("MLASERVE_LM_HEAD_GEMV").is_ok_and(|v| v == "1"));
-    m <= max_m && gemv_fits(m, w.cols) && (w.rows < 65_536 || large)
+        *LARGE.get_or_init(|| std::env::var("MLASERVE_LM_HEAD_GEMV").map_or(true, |v| v != "0"));
+    m <= max_m && gemv_fits(m, w.cols) && (w.rows < 65_536 || (large && m == 1))
 }
 
 /// Most rows on the decode GEMV: V2-Lite bf16 decode (session 7, bench/cuda/v2lite.md) was

@@ -295,6 +295,8 @@ fn gemv(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         (1, 264, 33, 5),
         (1, 4104, 20, 3),
         (2, 1288, 9, 0),
+        // An lm_head's grid (65,536+ rows: the executor's GEMV at one row), short K.
+        (1, 264, 100_003, 0),
     ] {
         let w0 = round_bf(&rng.vec(r0 * k, 0.1));
         let w1 = round_bf(&rng.vec(r1 * k, 0.1));

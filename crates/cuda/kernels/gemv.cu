@@ -140,13 +140,10 @@ __device__ __forceinline__ void gemv_bf16_body(const GemvRows<PRE>& g, const flo
         if (c >= k) break;
         gemv_step<MT>(s, g.a[u], g.b[u], xs, k, m, c);
     }
-#ifndef GEMV_LOOP
-#define GEMV_LOOP 4
-#endif
-    for (int c0 = lane * 8 + PRE * 256; c0 < k; c0 += GEMV_LOOP * 32 * 8) {
-        uint4 a[GEMV_LOOP], b[GEMV_LOOP];
+    for (int c0 = lane * 8 + PRE * 256; c0 < k; c0 += 4 * 32 * 8) {
+        uint4 a[4], b[4];
 #pragma unroll
-        for (int u = 0; u < GEMV_LOOP; u++) {
+        for (int u = 0; u < 4; u++) {
             int c = c0 + u * 256;
             if (c < k) {
                 a[u] = *(const uint4*)(g.w[0] + c);
@@ -154,7 +151,7 @@ __device__ __forceinline__ void gemv_bf16_body(const GemvRows<PRE>& g, const flo
             }
         }
 #pragma unroll
-        for (int u = 0; u < GEMV_LOOP; u++) {
+        for (int u = 0; u < 4; u++) {
             int c = c0 + u * 256;
             if (c >= k) break;
             gemv_step<MT>(s, a[u], b[u], xs, k, m, c);

@@ -275,6 +275,33 @@ struct QmvStep {
     uint4 hd[R];  // Q4_K header; Q8_0: .x holds the f16 scale
 };
 
+// The dense GEMV's x made from the f32 rows xf [.., k] (rows xr .. xr + nv) by the RMSNorm
+// with gamma, as rms_norm makes hnb (rms_inv_8's sums, (x * inv) * gamma rounded to bf16: the
+// same bits), staged in xn (k bf16 of shared memory, then red: 32 floats for the block sum —
+// dynamic, since static shared memory beside the bulk kernels' opt-in maximum fails their
+// launch), then quantized by q8_block as from hnb: so the product is bit for bit rms_norm then
+// the plain GEMV. Block 0 also stores the rows in hnb (if non-null) for the launches after
+// this one. Every thread of the block calls it.
+__device__ __forceinline__ void qmv_norm_x(const float* xf, const float* gamma, float eps,
+                                           bf16* hnb, int xr, int nv, int k, signed char* xq,
+                                           float* xd, float* xs, bf16* xn) {
+    float* red = (float*)(xn + k);
+    const int nt = blockDim.x, nb = k >> 5;
+    for (int v = 0; v < nv; v++) {
+        const float* row = xf + (i64)(xr + v) * k;
+        const float inv = rms_inv_8(row, k, eps, red);
+        for (int i = threadIdx.x; i < k; i += nt) {
+            const bf16 b = f2bf(row[i] * inv * gamma[i]);
+            xn[i] = b;
+            if (hnb != nullptr && blockIdx.x == 0) hnb[(i64)(xr + v) * k + i] = b;
+        }
+        __syncthreads();
+        for (int b = threadIdx.x; b < nb; b += nt)
+            q8_block(xn + b * 32, xq + v * k + b * 32, xd[v * nb + b], xs[v * nb + b]);
+        __syncthreads();  // xn is restaged for the next vector
+    }
+}
+
 // Largest K of the GEMV (x quantized in shared memory: K + K / 4 bytes a vector).
 #define QMV_MAX_K 32768
 
@@ -299,7 +326,10 @@ struct QmvStep {
 //
 // Each block first quantizes its x rows into shared memory (q8_block, the rule of
 // q8_quantize_x), so no separate launch or global round trip is needed, and every weight
-// loaded serves all nv vectors. Persistent: block 256 (8 warps), grid.x at most the CTAs
+// loaded serves all nv vectors.
+// NORM (the `_norm` twins, dense, one vector: Gpu::qmv_norm): x is made in the kernel from
+// f32 rows xf by the RMSNorm with gamma (qmv_norm_x) — bit for bit rms_norm's bf16 rows,
+// which block 0 also leaves in hnb — so the attention's norm needs no launch of its own. Persistent: block 256 (8 warps), grid.x at most the CTAs
 // resident at once. A warp walks row groups of R rows, in each every K step, with the weights
 // of the next DEPTH steps in flight while it computes one (across row groups too), the
 // first ones requested before x is quantized and, dense, before the wait on the previous
@@ -316,14 +346,16 @@ struct QmvStep {
 // slower on the MLP shapes in session 9, and never faster by more than 1%.) A warp owns its
 // rows and sums its lanes in a fixed order.
 template <int TY, int R, int MT, int DEPTH, int NQ, bool GLU = false, bool LOADS_ONLY = false,
-          bool COMB = false, bool BULK = false, bool QCOOP = false>
+          bool COMB = false, bool BULK = false, bool QCOOP = false, bool NORM = false>
 __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_ptrs,
                                       unsigned long long w0, int first, int held,
                                       const int* __restrict__ ids, const bf16* __restrict__ x,
                                       int x_div, int rows, int k, int m, int accumulate,
                                       float* __restrict__ out, int glu, bf16* __restrict__ act,
                                       const float* __restrict__ cy, const float* __restrict__ cw,
-                                      int ck) {
+                                      int ck, const float* __restrict__ xf = nullptr,
+                                      const float* __restrict__ gamma = nullptr, float eps = 0.f,
+                                      bf16* __restrict__ hnb = nullptr) {
     extern __shared__ __align__(16) unsigned char qmv_smem[];
     // vector v: xq [k] at v * k, then xd [MT][k / 32], xs [MT][k / 32]
     signed char* xq = (signed char*)qmv_smem;
@@ -460,6 +492,14 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     }
     // dense, or early pairs: the first steps were requested before the wait
     if (ids == nullptr || early) MLA_PDL();
+    if constexpr (NORM) {
+        // x = bf16(RMSNorm(xf) * gamma) made here, staged (with the block sum's 32 floats)
+        // after the other regions of the dynamic shared memory (qgemv.rs:
+        // QmvVariant::smem_norm).
+        const int off = MT * (k + (k >> 5) * 8) + (BULK ? 8 * DEPTH * (SLOT + 8) : 0);
+        bf16* xn = (bf16*)(qmv_smem + ((off + 15) & ~15));
+        qmv_norm_x(xf, gamma, eps, hnb, xr, nv, k, xq, xd, xs, xn);
+    } else
     for (int v = 0; v < nv; v++) {
         const bf16* xrow = x + (i64)(xr + v) * k;
         if constexpr (QCOOP) {
@@ -724,6 +764,25 @@ QMV_ENTRY_C(q8_0, QT_Q8_0, 2, 2, w)
 QMV_ENTRY_C(q8_0, QT_Q8_0, 1, 3, w3)
 QMV_ENTRY_C(q4_k, QT_Q4_K, 2, 2, w)
 QMV_ENTRY_C(q4_k, QT_Q4_K, 1, 3, w3)
+// ... and with the attention's RMSNorm in the prologue (NORM): qmv_<type>_r2m1<SUF>_norm, the
+// one-vector kernels Gpu::qmv_norm picks as Gpu::qmv would (w, w3; Q4_K's bulk b, b3).
+#define QMV_ENTRY_N(TYN, TY, DEPTH, MINB, SUF, BULK)                                           \
+    extern "C" __global__ void __launch_bounds__(256, MINB)                                    \
+        qmv_##TYN##_r2m1##SUF##_norm(unsigned long long w0, int rows, int k, float* out,        \
+                                     const float* xf, const float* gamma, float eps,           \
+                                     bf16* hnb) {                                              \
+        MLA_WEIGHTS_FIRST(); /* qmv_t waits after its first loads */                           \
+        qmv_t<TY, 2, 1, DEPTH, 2, false, false, false, BULK, false, true>(                     \
+            nullptr, w0, 0, 0, nullptr, nullptr, 0, rows, k, 1, 0, out, 0, nullptr, nullptr,   \
+            nullptr, 0, xf, gamma, eps, hnb);                                                  \
+    }
+QMV_ENTRY_N(q8_0, QT_Q8_0, 2, 2, w, false)
+QMV_ENTRY_N(q8_0, QT_Q8_0, 1, 3, w3, false)
+QMV_ENTRY_N(q4_k, QT_Q4_K, 2, 2, w, false)
+QMV_ENTRY_N(q4_k, QT_Q4_K, 1, 3, w3, false)
+QMV_ENTRY_N(q4_k, QT_Q4_K, 4, 2, b, true)
+QMV_ENTRY_N(q4_k, QT_Q4_K, 3, 3, b3, true)
+
 // Q4_K at one vector, the walk through shared memory (BULK): each warp's DEPTH steps in flight
 // are cp.async.bulk copies into its slots (one lane issues them, an mbarrier a slot), x
 // quantized by q8_block as there: qmv_q4_k_r2m1b[3][_glu|_comb] (Gpu::qmv picks them for

@@ -174,15 +174,27 @@ fn dense_gemv(m: usize, w: &GMat) -> bool {
 const DENSE_GEMV_MAX_M: usize = 2;
 
 /// Whether a step of `t` tokens computes the attention norm inside its first GEMV: q_a (or
-/// q_proj) and kv_a both bf16 and on the GEMV ([`dense_gemv`]).
-fn fused_attn_norm(w: &crate::weights::GMla, t: usize) -> bool {
+/// q_proj) and kv_a both bf16 and on the GEMV ([`dense_gemv`]), or, at one token and where
+/// `MLASERVE_QMV_NORM=1` asks, q_a (or q_proj) quantized and on the one-vector int8 GEMV with
+/// a norm twin ([`Gpu::qmv_norm_fits`]; kv_a then reads the hnb it leaves).
+fn fused_attn_norm(gpu: &Gpu, w: &crate::weights::GMla, t: usize) -> Result<bool> {
     let q_in = w.q_a.as_ref().unwrap_or(&w.q_b);
-    match (q_in, &w.kv_a) {
+    Ok(match (q_in, &w.kv_a) {
         (GLinear::Bf16(a), GLinear::Bf16(b)) => {
             a.cols == b.cols && dense_gemv(t, a) && dense_gemv(t, b)
         }
+        (GLinear::Quant(a), _) => t == 1 && quant_norm_allowed() && gpu.qmv_norm_fits(a)?,
         _ => false,
-    }
+    })
+}
+
+/// `MLASERVE_QMV_NORM=1` (read once): the attention norm inside a one-token quantized q_a /
+/// q_proj product (`qmv_*_norm`, [`Gpu::qmv_norm`]) instead of a launch of its own. Off by
+/// default until its kernels have run on a GPU: written in session 44, whose device time ran
+/// out first (bench/cuda/s44-next.sh checks them bit for bit and measures the step).
+fn quant_norm_allowed() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLASERVE_QMV_NORM").is_ok_and(|v| v == "1"))
 }
 
 /// out[m, rows] (+)= x[m, cols] . W^T, x bf16, out f32: for bf16 weights the in-house GEMV
@@ -752,7 +764,7 @@ impl CudaExecutor {
         for (li, layer) in self.w.layers.iter().enumerate() {
             // Small decode steps with bf16 projections: the attention's first GEMV normalizes
             // x itself (and still leaves hnb for the indexer); else the norm kernel.
-            let fused_norm = fused_attn_norm(&layer.mla, t) && !probe::active();
+            let fused_norm = !probe::active() && fused_attn_norm(gpu, &layer.mla, t)?;
             if !fused_norm {
                 gpu.rms_norm(
                     t,

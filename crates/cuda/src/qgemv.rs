@@ -364,6 +364,13 @@ impl QmvVariant {
     pub fn smem(self, k: usize) -> usize {
         self.mt * (k + k / 32 * 8) + 8 * self.slots() * (2 * 8 * 144 + 8)
     }
+
+    /// Dynamic shared memory of the `_norm` twin ([`Gpu::qmv_norm`]): [`QmvVariant::smem`],
+    /// then (16-byte aligned) the normalized row as k bf16 and the block sum's 32 floats (the
+    /// twins have no static shared memory, so the bulk ones' opt-in maximum stays theirs).
+    pub fn smem_norm(self, k: usize) -> usize {
+        self.smem(k).next_multiple_of(16) + 2 * k + 32 * 4
+    }
 }
 
 /// `MLASERVE_QMV_WIDE=0` (comparisons, read once): the one-word kernel where
@@ -417,6 +424,16 @@ pub struct PairCombine {
     pub y: u64,
     pub w: u64,
     pub k: usize,
+}
+
+/// The RMSNorm [`Gpu::qmv_norm`] computes x by: x = bf16(RMSNorm(`x` f32 [1, k]) * `gamma`),
+/// as `rms_norm` computes it (the same bits); `hnb` (0: none) receives that row.
+#[derive(Clone, Copy, Debug)]
+pub struct QmvNorm {
+    pub x: u64,
+    pub gamma: u64,
+    pub eps: f32,
+    pub hnb: u64,
 }
 
 /// What a GEMV launch writes: out (f32, `accumulate` adds), act = SwiGLU of row pairs (i, f + i)
@@ -582,6 +599,82 @@ impl Gpu {
         } else {
             Ok(narrow_only(v))
         }
+    }
+
+    /// out[0, :] = W . x for one token whose x the kernel makes from an f32 row by the RMSNorm
+    /// `n` — bit for bit `rms_norm` into hnb, then [`Gpu::qgemm`] of hnb — leaving that row in
+    /// `n.hnb`: the attention's norm without a launch of its own. Only where
+    /// [`Gpu::qmv_norm_fits`] (an error elsewhere).
+    pub fn qmv_norm(&self, w: &QMat, n: QmvNorm, out: u64) -> Result<()> {
+        let v = self.qmv_kernel_for(w, 1)?;
+        if !self.qmv_norm_fits(w)? {
+            return Err(CudaError::Invalid(format!(
+                "qmv_norm over {:?} [{} x {}]: not on the one-vector GEMV with a norm twin",
+                w.ty, w.rows, w.cols
+            )));
+        }
+        self.qmv_norm_variant(w, n, out, v)
+    }
+
+    /// Whether [`Gpu::qmv_norm`] runs for `w`: [`Gpu::qgemm`] takes the one-vector GEMV for it,
+    /// with a `_norm` twin (two words a lane: not under `MLASERVE_QMV_WIDE=0`) that fits as
+    /// many CTAs an SM as the plain kernel.
+    pub fn qmv_norm_fits(&self, w: &QMat) -> Result<bool> {
+        if self.qgemm_path(w, 1) != QPath::Gemv || w.rows == 0 || w.w.ptr() == 0 {
+            return Ok(false); // (K past the GEMV's, among others: rms_norm, then qgemm)
+        }
+        self.qmv_check(w.ty, w.rows, w.cols)?;
+        let v = self.qmv_kernel_for(w, 1)?;
+        let smem = v.smem_norm(w.cols);
+        if !Self::has_norm_twin(v) || smem > self.max_smem_per_block {
+            return Ok(false);
+        }
+        let name = format!("{}_norm", v.kernel(w.ty));
+        Ok(self.resident_ctas(&name, 256, smem)?
+            >= self.resident_ctas(&v.kernel(w.ty), 256, v.smem(w.cols))?)
+    }
+
+    /// The one-vector kernels with a `_norm` twin: [`QmvVariant::one_vector`]'s.
+    fn has_norm_twin(v: QmvVariant) -> bool {
+        v.wide && v.r == 2 && v.mt == 1
+    }
+
+    /// [`Gpu::qmv_norm`] on the `_norm` twin of kernel `v` (the op table runs each).
+    pub fn qmv_norm_variant(&self, w: &QMat, n: QmvNorm, out: u64, v: QmvVariant) -> Result<()> {
+        self.qmv_check(w.ty, w.rows, w.cols)?;
+        let smem = v.smem_norm(w.cols);
+        let bulk_ok = !v.bulk || (w.ty == QType::Q4K && self.has_clusters());
+        if !Self::has_norm_twin(v) || !bulk_ok || w.w.ptr() == 0 {
+            return Err(CudaError::Invalid(format!(
+                "qmv_norm: no norm twin of {v:?} for {:?}, or no device memory",
+                w.ty
+            )));
+        }
+        if smem > self.max_smem_per_block {
+            return Err(CudaError::Invalid(format!(
+                "qmv_norm over width {}: {smem} bytes of shared memory (at most {})",
+                w.cols, self.max_smem_per_block
+            )));
+        }
+        if w.rows == 0 {
+            return Ok(());
+        }
+        let name = format!("{}_norm", v.kernel(w.ty));
+        let grid = v
+            .blocks(w.rows)
+            .min(self.resident_ctas(&name, 256, smem)?)
+            .max(1);
+        let cfg = LaunchConfig {
+            grid_dim: (grid as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let (rows, k) = (w.rows as i32, w.cols as i32);
+        self.launch(
+            &name,
+            cfg,
+            &args![w.w.ptr(), rows, k, out, n.x, n.gamma, n.eps, n.hnb],
+        )
     }
 
     /// `out[r] = (out[r] + sum_j c.w[j] * c.y[j, r]) + W[r, :] . x[0, :]` for one token (x bf16

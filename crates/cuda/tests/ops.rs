@@ -3038,7 +3038,7 @@ fn mmq_x_host(x: &[f32], m: usize, mp: usize, k: usize, q4k: bool) -> (Vec<i8>, 
 /// Q8_0 widths 2080 and 1408 leave partial warp steps; Q4_K 1280 a partial super-block step.
 fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     use mlaserve_backend::QMatrix;
-    use mlaserve_cuda::qgemv::{PairCombine, QPath, QType, QmvVariant};
+    use mlaserve_cuda::qgemv::{PairCombine, QPath, QType, QmvNorm, QmvVariant};
     use mlaserve_cuda::qmmq::{q8u_host, x_q8u};
     use rayon::prelude::*;
     // (type, rows, k, sweep every variant)
@@ -3188,6 +3188,65 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             }
             let c33 = PairCombine { k: 33, ..c };
             assert!(gpu.qmv_combine(&wd, xb.ptr(), got.ptr(), c33).is_err());
+        }
+        // The attention norm in a one-vector product's prologue (qmv_norm): its output and the
+        // hnb row it leaves bit for bit rms_norm into hnb then the plain kernel of that row, on
+        // every twin; then as the executor calls it (the kernel qgemm takes), where it runs.
+        let xf = gpu.upload(&rng.vec(k, 2.0)).unwrap();
+        let gamma = gpu.upload(&rng.vec(k, 1.0)).unwrap();
+        let hnb_ref = poisoned::<u16>(gpu, k);
+        gpu.rms_norm(
+            1,
+            xf.ptr(),
+            k,
+            0,
+            gamma.ptr(),
+            0,
+            0,
+            hnb_ref.ptr(),
+            k,
+            k,
+            1e-6,
+        )
+        .unwrap();
+        let hb_want = gpu.to_host(&hnb_ref).unwrap();
+        let norm_vs = |want: &DBuf<f32>, run: &dyn Fn(QmvNorm, u64)| -> f64 {
+            let (got, hb) = (poisoned::<f32>(gpu, rows), poisoned::<u16>(gpu, k));
+            let n = QmvNorm {
+                x: xf.ptr(),
+                gamma: gamma.ptr(),
+                eps: 1e-6,
+                hnb: hb.ptr(),
+            };
+            run(n, got.ptr());
+            let w = gpu.to_host(want).unwrap();
+            let out = gpu.to_host(&got).unwrap();
+            let hb = gpu.to_host(&hb).unwrap();
+            (out.iter()
+                .zip(&w)
+                .filter(|(a, b)| a.to_bits() != b.to_bits()))
+            .count()
+            .max(hb.iter().zip(&hb_want).filter(|(a, b)| a != b).count()) as f64
+        };
+        for v in QmvVariant::one_vector(ty) {
+            if !gpu.one_vector_runs(ty, v) {
+                continue; // a bulk kernel before sm_90
+            }
+            let want = poisoned::<f32>(gpu, rows);
+            gpu.qmv_variant(&wd, hnb_ref.ptr(), 0, 1, want.ptr(), false, v, None)
+                .unwrap();
+            let mism = norm_vs(&want, &|n, out| {
+                gpu.qmv_norm_variant(&wd, n, out, v).unwrap();
+            });
+            let name = format!("{} {}_norm vs rms_norm+qmv", shape(1), v.kernel(ty));
+            rep.check("qmv_norm", name, "q*i8>f32", mism, 0.0);
+        }
+        if gpu.qmv_norm_fits(&wd).unwrap() {
+            let want = poisoned::<f32>(gpu, rows);
+            gpu.qgemm(&wd, 1, hnb_ref.ptr(), want.ptr(), false).unwrap();
+            let mism = norm_vs(&want, &|n, out| gpu.qmv_norm(&wd, n, out).unwrap());
+            let name = format!("{} vs rms_norm+qgemm", shape(1));
+            rep.check("qmv_norm", name, "q*i8>f32", mism, 0.0);
         }
         // out (poisoned, or random when accumulating) after `f`, against `want` (+ base).
         let mut run = |m: usize, acc: bool, want: &[f32], f: &dyn Fn(u64)| -> f64 {

@@ -21,6 +21,7 @@ use crate::gpu::{DBuf, Gpu};
 use crate::mla_cluster::ClusterAttn;
 use crate::mla_decode::Early;
 use crate::ops::{AttnDims, Gemm, GemmType, KeyLists, KvFinish};
+use crate::qgemv::QmvNorm;
 use crate::step_inputs::{KeyListSet, StepInputs};
 use crate::weights::{GLayer, GLinear, GMat};
 use mlaserve_model::layers::dsa::top_k;
@@ -151,9 +152,18 @@ impl CudaExecutor {
                 ];
                 gpu.gemv_bf16(t, a.cols, x, &mats, false)?;
             }
+            (Some(GemvX::Norm { x, gamma, eps, .. }), GLinear::Quant(a), kv_a) => {
+                // The quantized product normalizes x itself and leaves hnb for kv_a (and the
+                // indexer).
+                let hnb = hnb.ptr();
+                gpu.qmv_norm(a, QmvNorm { x, gamma, eps, hnb }, q_in_out)?;
+                linear(gpu, t, hnb, kv_a, kv.ptr(), false)?;
+            }
             (Some(_), _, _) => {
                 return Err(CudaError::Invalid(
-                    "fused attention norm over projections that are not bf16".into(),
+                    "fused attention norm over projections that are neither both bf16 nor a \
+                     quantized q_a / q_proj"
+                        .into(),
                 ))
             }
             (None, _, _) => {

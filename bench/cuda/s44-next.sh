@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Prepared in session 44 for the next device call, NOT RUN (the session's device time ran out
-# after runs 1-2). Pack: main's build (decode_profile, synth_model, read_bw, ops, e2e, graphs in
-# .device/pkg/bins.tar.xz; tools/device/pack.sh's recipe with LABS=0 and read_bw); carry
-# [".device"], `bash .device/next.sh` (~250 s on an H100, ~330 on an H200).
+# after runs 1-2). Pack: main's build by tools/device/pack.sh's recipe, packed with
+# `LABS=0 EXAMPLES=read_bw tools/device/pack.sh` (add `.device/` to .git/info/exclude first),
+# then `cp bench/cuda/s44-next.sh .device/next.sh`; carry [".device"], `bash .device/next.sh`
+# (~250 s on an H100, ~330 on an H200, the kernels' first compile ~90 s of it).
 # 1. Never run on a GPU yet: the gemms op family's GEMV over 100,003 rows (the lm_head's grid,
 #    on the GEMV by default since ca3f0c0), and the quantized family's qmv_norm rows — each
 #    `qmv_*_r2m1{w,w3,b,b3}_norm` twin bit for bit rms_norm into hnb then the plain kernel of

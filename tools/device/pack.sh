@@ -13,7 +13,9 @@
 #                                          # (replays of two builds in one run); OLD_QGEMV
 #                                          # the same for the qgemv lab; LABS=0 leaves
 #                                          # out the qgemv, grid_barrier and logits_pick labs to
-#                                          # make room
+#                                          # make room; EXAMPLES="read_bw ..." adds those
+#                                          # examples (bench/cuda/s44-next.sh: LABS=0
+#                                          # EXAMPLES=read_bw)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 pkg=$(mktemp -d)
@@ -23,6 +25,7 @@ for b in ops e2e graphs; do
 done
 cp target/release/mlaserve target/release/examples/{decode_profile,synth_model} "$pkg/"
 if [ "${LABS:-1}" != 0 ]; then cp target/release/examples/{qgemv,grid_barrier,logits_pick} "$pkg/"; fi
+for e in ${EXAMPLES:-}; do cp "target/release/examples/$e" "$pkg/"; done
 if [ $# -ge 1 ]; then cp "$1" "$pkg/mlaserve_old"; fi
 if [ -n "${OLD_PROFILE:-}" ]; then cp "$OLD_PROFILE" "$pkg/decode_profile_old"; fi
 if [ -n "${OLD_QGEMV:-}" ]; then cp "$OLD_QGEMV" "$pkg/qgemv_old"; fi

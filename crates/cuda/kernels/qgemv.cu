@@ -331,8 +331,9 @@ __device__ __forceinline__ void qmv_norm_x(const float* xf, const float* gamma, 
 // f32 rows xf by the RMSNorm with gamma (qmv_norm_x) — bit for bit rms_norm's bf16 rows,
 // which block 0 also leaves in hnb — so the attention's norm needs no launch of its own.
 // Persistent: block 256 (8 warps), grid.x at most the CTAs resident at once. A warp walks
-// row groups of R rows, in each every K step, with the weights of the next DEPTH steps in flight while it computes one (across row groups too), the
-// first ones requested before x is quantized and, dense, before the wait on the previous
+// row groups of R rows, in each every K step, with the weights of the next DEPTH steps in
+// flight while it computes one (across row groups too), the first ones requested before x is
+// quantized and, dense, before the wait on the previous
 // grid (weights are never written by a kernel; a pair's matrix comes from the routing's ids,
 // so the pairs wait first, unless the host vouches that their ids are final: accumulate bit
 // 1, in qmv_t's body). A lane's share of a step is NQ 16-byte words of

@@ -15,7 +15,8 @@
 #                                          # out the qgemv, grid_barrier and logits_pick labs to
 #                                          # make room; EXAMPLES="read_bw ..." adds those
 #                                          # examples (bench/cuda/s44-next.sh: LABS=0
-#                                          # EXAMPLES=read_bw)
+#                                          # EXAMPLES=read_bw); SERVER=0 leaves out
+#                                          # mlaserve (scripts that only run tests and labs)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 pkg=$(mktemp -d)
@@ -23,7 +24,8 @@ for b in ops e2e graphs; do
     f=$(ls -t target/release/deps/$b-* | grep -v '\.d$' | head -1)
     cp "$f" "$pkg/$b"
 done
-cp target/release/mlaserve target/release/examples/{decode_profile,synth_model} "$pkg/"
+cp target/release/examples/{decode_profile,synth_model} "$pkg/"
+if [ "${SERVER:-1}" != 0 ]; then cp target/release/mlaserve "$pkg/"; fi
 if [ "${LABS:-1}" != 0 ]; then cp target/release/examples/{qgemv,grid_barrier,logits_pick} "$pkg/"; fi
 for e in ${EXAMPLES:-}; do cp "target/release/examples/$e" "$pkg/"; done
 if [ $# -ge 1 ]; then cp "$1" "$pkg/mlaserve_old"; fi

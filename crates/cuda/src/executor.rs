@@ -174,9 +174,9 @@ fn dense_gemv(m: usize, w: &GMat) -> bool {
 const DENSE_GEMV_MAX_M: usize = 2;
 
 /// Whether a step of `t` tokens computes the attention norm inside its first GEMV: q_a (or
-/// q_proj) and kv_a both bf16 and on the GEMV ([`dense_gemv`]), or, at one token and where
-/// `MLASERVE_QMV_NORM=1` asks, q_a (or q_proj) quantized and on the one-vector int8 GEMV with
-/// a norm twin ([`Gpu::qmv_norm_fits`]; kv_a then reads the hnb it leaves).
+/// q_proj) and kv_a both bf16 and on the GEMV ([`dense_gemv`]), or, at one token (unless
+/// `MLASERVE_QMV_NORM=0`), q_a (or q_proj) quantized and on the one-vector int8 GEMV with a
+/// norm twin ([`Gpu::qmv_norm_fits`]; kv_a then reads the hnb it leaves).
 fn fused_attn_norm(gpu: &Gpu, w: &crate::weights::GMla, t: usize) -> Result<bool> {
     let q_in = w.q_a.as_ref().unwrap_or(&w.q_b);
     Ok(match (q_in, &w.kv_a) {
@@ -188,13 +188,13 @@ fn fused_attn_norm(gpu: &Gpu, w: &crate::weights::GMla, t: usize) -> Result<bool
     })
 }
 
-/// `MLASERVE_QMV_NORM=1` (read once): the attention norm inside a one-token quantized q_a /
-/// q_proj product (`qmv_*_norm`, [`Gpu::qmv_norm`]) instead of a launch of its own. Off by
-/// default until its kernels have run on a GPU: written in session 44, whose device time ran
-/// out first (bench/cuda/s44-next.sh checks them bit for bit and measures the step).
+/// `MLASERVE_QMV_NORM=0` (read once) keeps the attention norm of a one-token quantized step
+/// in a launch of its own (`rms_norm`) instead of inside the q_a / q_proj product
+/// (`qmv_*_norm`, [`Gpu::qmv_norm`]; bit for bit the same hnb and output). On by default since
+/// session 45: the Q4_K V2-Lite b1 step 1,615.1 -> 1,489.1 µs on an H100 (bench/cuda/v2lite.md).
 fn quant_norm_allowed() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MLASERVE_QMV_NORM").is_ok_and(|v| v == "1"))
+    *ON.get_or_init(|| std::env::var("MLASERVE_QMV_NORM").as_deref() != Ok("0"))
 }
 
 /// out[m, rows] (+)= x[m, cols] . W^T, x bf16, out f32: for bf16 weights the in-house GEMV

@@ -471,6 +471,26 @@ fn glu_allowed() -> bool {
         && narrow_only(QmvVariant::PAIRS) == QmvVariant::PAIRS
 }
 
+/// The expert GEMV's kernel over pairs (`glu`: the gate|up launch with the SwiGLU epilogue):
+/// [`QmvVariant::PAIRS`] (two CTAs an SM, two K steps in flight), or with
+/// `MLASERVE_QMV_PAIRS_W3=1` (every pairs launch) or `=glu` (the gate|up ones) — read once; a
+/// lab knob, off until measured — [`QmvVariant::WIDE3`] (three CTAs an SM, one step): the
+/// same sums bit for bit. Session 45's Q4_K V2-Lite b1 step spends 8.3 µs a layer on the
+/// routed gate|up (19.5 MB, 74% of an H100's read ceiling) whose 44 CTAs a pair walk 4 row
+/// groups a warp; at three CTAs an SM, 66 a pair, a warp walks 2-3 (bench/cuda/v2lite.md).
+fn pairs_kernel(glu: bool) -> QmvVariant {
+    static W3: std::sync::OnceLock<(bool, bool)> = std::sync::OnceLock::new();
+    let (all, gate_up) = *W3.get_or_init(|| {
+        let v = std::env::var("MLASERVE_QMV_PAIRS_W3").unwrap_or_default();
+        (v == "1", v == "1" || v == "glu")
+    });
+    let w3 = if glu { gate_up } else { all };
+    match narrow_only(QmvVariant::PAIRS) {
+        v if v == QmvVariant::PAIRS && w3 => QmvVariant::WIDE3,
+        v => v,
+    }
+}
+
 /// Whether [`Gpu::qmv_pairs_after`] looks its matrices up before the wait where the caller
 /// allows it (`MLASERVE_QMV_PAIRS_EARLY=0`: never, for comparisons).
 fn pairs_early() -> bool {
@@ -1010,7 +1030,8 @@ impl Gpu {
         out: u64,
     ) -> Result<()> {
         let p = (pairs, w_ptrs, first, held, ids);
-        self.qmv_pairs_launch(ty, p, x, k, x_div, rows, out, Epilogue::Plain, false)
+        let v = pairs_kernel(false);
+        self.qmv_pairs_launch(ty, p, x, k, x_div, rows, out, Epilogue::Plain, false, v)
     }
 
     /// [`Gpu::qmv_pairs`] with its pair arguments as one tuple `p` = (pairs, w_ptrs, first,
@@ -1031,7 +1052,43 @@ impl Gpu {
         out: u64,
         ids_final: bool,
     ) -> Result<()> {
-        self.qmv_pairs_launch(ty, p, x, k, x_div, rows, out, Epilogue::Plain, ids_final)
+        let v = pairs_kernel(false);
+        self.qmv_pairs_launch(ty, p, x, k, x_div, rows, out, Epilogue::Plain, ids_final, v)
+    }
+
+    /// [`Gpu::qmv_pairs_after`] on an explicit kernel `v` ([`QmvVariant::PAIRS`] or
+    /// [`QmvVariant::WIDE3`]), with the SwiGLU epilogue of [`Gpu::qmv_pairs_glu`] into
+    /// `glu` = (f, act) where given (`rows` is then 2f): the op table checks the kernels
+    /// against each other bit for bit.
+    #[allow(clippy::too_many_arguments)]
+    pub fn qmv_pairs_variant(
+        &self,
+        ty: QType,
+        p: (usize, u64, usize, usize, u64),
+        x: u64,
+        k: usize,
+        x_div: usize,
+        rows: usize,
+        out: u64,
+        glu: Option<(usize, u64)>,
+        v: QmvVariant,
+    ) -> Result<()> {
+        if v != QmvVariant::PAIRS && v != QmvVariant::WIDE3 {
+            return Err(CudaError::Invalid(format!(
+                "qmv_pairs_variant: {v:?} (PAIRS or WIDE3)"
+            )));
+        }
+        let epi = match glu {
+            Some((f, act)) if glu_allowed() && rows == 2 * f => Epilogue::Glu { f, act },
+            Some((f, _)) => {
+                return Err(CudaError::Invalid(format!(
+                    "qmv_pairs_variant: the SwiGLU epilogue over {rows} rows, f = {f} (2f rows, \
+                     MLASERVE_QMV_GLU and MLASERVE_QMV_WIDE on)"
+                )))
+            }
+            None => Epilogue::Plain,
+        };
+        self.qmv_pairs_launch(ty, p, x, k, x_div, rows, out, epi, false, v)
     }
 
     /// [`Gpu::qmv_pairs`] over gate|up matrices [2f, k] with the SwiGLU epilogue of
@@ -1068,6 +1125,7 @@ impl Gpu {
             0,
             Epilogue::Glu { f, act },
             false,
+            pairs_kernel(true),
         )
     }
 
@@ -1083,6 +1141,7 @@ impl Gpu {
         out: u64,
         epi: Epilogue,
         ids_final: bool,
+        v: QmvVariant,
     ) -> Result<()> {
         self.qmv_check(ty, rows, k)?;
         if pairs == 0 || rows == 0 {
@@ -1093,7 +1152,6 @@ impl Gpu {
                 "qmv_pairs: {pairs} pairs (at most 65,535), x_div {x_div}"
             )));
         }
-        let v = narrow_only(QmvVariant::PAIRS);
         let name = match epi {
             Epilogue::Glu { .. } => format!("{}_glu", v.kernel(ty)),
             _ => v.kernel(ty),

@@ -3430,6 +3430,22 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             .count();
         let name = format!("{}, ids final vs qmv_pairs", shape(1));
         rep.check("qmv_pairs", name, "q*i8>f32", mism as f64, 0.0);
+        // Each kernel the pairs can take (MLASERVE_QMV_PAIRS_W3): bit for bit qmv_pairs.
+        let pairs_out = gpu.to_host(&out).unwrap();
+        let p = (ids.len(), ptrs.ptr(), 1, 3, idd.ptr());
+        for v in [QmvVariant::PAIRS, QmvVariant::WIDE3] {
+            let o = poisoned::<f32>(gpu, ids.len() * rows);
+            gpu.qmv_pairs_variant(ty, p, xb.ptr(), k, 2, rows, o.ptr(), None, v)
+                .unwrap();
+            let got = gpu.to_host(&o).unwrap();
+            let mism = got
+                .iter()
+                .zip(&pairs_out)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            let name = format!("{} {} vs qmv_pairs", shape(1), v.kernel(ty));
+            rep.check("qmv_pairs", name, "q*i8>f32", mism as f64, 0.0);
+        }
         // The SwiGLU epilogue (the matrix as a gate|up [2f, k]): bit for bit the GEMV into f32
         // then silu_mul, dense at vectors 0 and 5 (the default kernel, then both kernels with
         // a twin on full and capped grids, where a warp walks many row pairs) and over the
@@ -3485,6 +3501,16 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             let mism = bits(&gpu.to_host(&got).unwrap(), &gpu.to_host(&want).unwrap());
             let name = format!("{} vs qmv_pairs+silu_mul", shape(1));
             rep.check("qmv_pairs_glu", name, "q*i8>bf16", mism as f64, 0.0);
+            let want = gpu.to_host(&want).unwrap();
+            for v in [QmvVariant::PAIRS, QmvVariant::WIDE3] {
+                let got = poisoned::<u16>(gpu, ids.len() * f);
+                let glu = Some((f, got.ptr()));
+                gpu.qmv_pairs_variant(ty, p, xb.ptr(), k, 2, rows, 0, glu, v)
+                    .unwrap();
+                let mism = bits(&gpu.to_host(&got).unwrap(), &want);
+                let name = format!("{} {} vs qmv_pairs+silu_mul", shape(1), v.kernel(ty));
+                rep.check("qmv_pairs_glu", name, "q*i8>bf16", mism as f64, 0.0);
+            }
         }
         // The dequantize kernel, bit-exact against the CPU's values rounded to bf16.
         let deq = poisoned::<u16>(gpu, rows * k);

@@ -1056,7 +1056,7 @@ impl Gpu {
         self.qmv_pairs_launch(ty, p, x, k, x_div, rows, out, Epilogue::Plain, ids_final, v)
     }
 
-    /// [`Gpu::qmv_pairs_after`] on an explicit kernel `v` ([`QmvVariant::PAIRS`] or
+    /// [`Gpu::qmv_pairs`] on an explicit kernel `v` ([`QmvVariant::PAIRS`] or
     /// [`QmvVariant::WIDE3`]), with the SwiGLU epilogue of [`Gpu::qmv_pairs_glu`] into
     /// `glu` = (f, act) where given (`rows` is then 2f): the op table checks the kernels
     /// against each other bit for bit.

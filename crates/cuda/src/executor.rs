@@ -762,9 +762,9 @@ impl CudaExecutor {
         let hn = gpu.alloc::<f32>(t * h)?;
         let hnb = gpu.alloc::<u16>(t * h)?;
         for (li, layer) in self.w.layers.iter().enumerate() {
-            // Small decode steps with bf16 projections (and, asked, one-token steps with a
-            // quantized q_a / q_proj): the attention's first GEMV normalizes x itself (and
-            // still leaves hnb for kv_a and the indexer); else the norm kernel.
+            // Small decode steps with bf16 projections, and one-token steps with a quantized
+            // q_a / q_proj: the attention's first GEMV normalizes x itself (and still leaves
+            // hnb for kv_a and the indexer); else the norm kernel.
             let fused_norm = !probe::active() && fused_attn_norm(gpu, &layer.mla, t)?;
             if !fused_norm {
                 gpu.rms_norm(

@@ -1030,8 +1030,7 @@ impl Gpu {
         out: u64,
     ) -> Result<()> {
         let p = (pairs, w_ptrs, first, held, ids);
-        let v = pairs_kernel(false);
-        self.qmv_pairs_launch(ty, p, x, k, x_div, rows, out, Epilogue::Plain, false, v)
+        self.qmv_pairs_after(ty, p, x, k, x_div, rows, out, false)
     }
 
     /// [`Gpu::qmv_pairs`] with its pair arguments as one tuple `p` = (pairs, w_ptrs, first,

@@ -322,7 +322,10 @@ __device__ __forceinline__ void qmv_norm_x(const float* xf, const float* gamma, 
 // (With the code in every kernel, steps measured up to 10% slower in session 15: twins.)
 // Pairs (ids != null, m == 1): blockIdx.y is pair p; W is expert ids[p] - first's matrix
 // (w_ptrs; a pair whose expert is not held here, or has no pointer, gets zeros), x row
-// p / x_div, out row p.
+// p / x_div, out row p. GLU over pairs: ids from sl_from on are shared-expert slices
+// (ops.rs's SliceViews; weights.rs): W points at the slice's first gate row of the shared
+// [2 sl_up, k] gate|up, its up rows sl_up rows further (Q4_K only: a row is its blocks,
+// where Q8_0's scales sit after all rows).
 //
 // Each block first quantizes its x rows into shared memory (q8_block, the rule of
 // q8_quantize_x), so no separate launch or global round trip is needed, and every weight
@@ -354,7 +357,8 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
                                       int x_div, int rows, int k, int m, int accumulate,
                                       float* __restrict__ out, int glu, bf16* __restrict__ act,
                                       const float* __restrict__ cy, const float* __restrict__ cw,
-                                      int ck, const float* __restrict__ xf = nullptr,
+                                      int ck, int sl_from = 0x7fffffff, int sl_up = 0,
+                                      const float* __restrict__ xf = nullptr,
                                       const float* __restrict__ gamma = nullptr, float eps = 0.f,
                                       bf16* __restrict__ hnb = nullptr) {
     extern __shared__ __align__(16) unsigned char qmv_smem[];
@@ -365,6 +369,7 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gw = blockIdx.x * 8 + warp, nw = gridDim.x * 8;
     int xr = x_div, orow = 0, nv = min(m, MT);
+    int uo = glu;  // GLU: up rows start uo rows after the gate rows (a slice: sl_up)
     const unsigned char* w = (const unsigned char*)w0;
     // Pairs with accumulate bit 1 (the host vouches, Gpu::qmv_pairs_after): ids are final
     // before this grid's wait — every block of each kernel since the one that wrote them waited
@@ -375,7 +380,8 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     accumulate &= 1;
     if (ids != nullptr) {
         if (!early) MLA_PDL();  // the routing's ids pick the matrix
-        const int p = blockIdx.y, ex = (early ? ld_cg_s32(ids + p) : ids[p]) - first;
+        const int p = blockIdx.y, id = (early ? ld_cg_s32(ids + p) : ids[p]), ex = id - first;
+        if (id >= sl_from) uo = sl_up;
         xr = p / x_div;
         orow = p;
         nv = 1;
@@ -418,8 +424,8 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     auto rows_of = [&](int g) {
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            const int row = GLU ? min(g + r * glu, rows - 1)
-                                : min(g * R + r, rows - 1);  // computed, not stored
+            // GLU: g < glu, so both rows are in the matrix (a slice's in the shared one)
+            const int row = GLU ? g + r * uo : min(g * R + r, rows - 1);  // computed, not stored
             lw[r] = w + (i64)row * rb;
             lwd[r] = wd + (i64)row * nb;
         }
@@ -693,10 +699,11 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
                                      int first, int held, const int* ids, const bf16* x,       \
                                      int x_div, int rows, int k, int m, int accumulate,        \
                                      float* out, int glu, bf16* act, const float* cy,          \
-                                     const float* cw, int ck) {                                \
+                                     const float* cw, int ck, int sl_from, int sl_up) {        \
         MLA_WEIGHTS_FIRST(); /* qmv_t waits: dense (and early pairs) after its first loads */  \
         qmv_t<TY, R, MT, DEPTH, NQ, GLU>(w_ptrs, w0, first, held, ids, x, x_div, rows, k, m,   \
-                                         accumulate, out, glu, act, cy, cw, ck);               \
+                                         accumulate, out, glu, act, cy, cw, ck, sl_from,       \
+                                         sl_up);                                               \
     }
 #define QMV_ENTRY(TYN, TY, R, MT, DEPTH, MINB, NQ, SUF) \
     QMV_ENTRY_G(TYN, TY, R, MT, DEPTH, MINB, NQ, SUF, false)
@@ -707,11 +714,11 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
                                      int first, int held, const int* ids, const bf16* x,       \
                                      int x_div, int rows, int k, int m, int accumulate,        \
                                      float* out, int glu, bf16* act, const float* cy,          \
-                                     const float* cw, int ck) {                                \
+                                     const float* cw, int ck, int sl_from, int sl_up) {        \
         MLA_WEIGHTS_FIRST(); /* qmv_t waits after its first loads */                           \
         qmv_t<TY, 2, 1, DEPTH, 2, false, false, true>(w_ptrs, w0, first, held, ids, x, x_div,  \
                                                       rows, k, m, accumulate, out, glu, act,   \
-                                                      cy, cw, ck);                             \
+                                                      cy, cw, ck, sl_from, sl_up);             \
     }
 // Lab kernels (examples/qgemv.rs; no engine path launches them): the Q4_K walk of the two
 // M = 1 kernels with the loads alone (no product: every loaded word feeds one integer op),
@@ -720,11 +727,12 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     extern "C" __global__ void __launch_bounds__(256, MINB)                                    \
         NAME(const unsigned long long* w_ptrs, unsigned long long w0, int first, int held,     \
              const int* ids, const bf16* x, int x_div, int rows, int k, int m, int accumulate, \
-             float* out, int glu, bf16* act, const float* cy, const float* cw, int ck) {       \
+             float* out, int glu, bf16* act, const float* cy, const float* cw, int ck,         \
+             int sl_from, int sl_up) {                                                         \
         MLA_WEIGHTS_FIRST(); /* qmv_t waits */                                                 \
         qmv_t<QT_Q4_K, 2, 1, DEPTH, 2, false, true>(w_ptrs, w0, first, held, ids, x, x_div,    \
                                                     rows, k, m, accumulate, out, glu, act, cy, \
-                                                    cw, ck);                                   \
+                                                    cw, ck, sl_from, sl_up);                   \
     }
 // qgemv.rs's QmvVariant::ALL lists these (type, rows a warp, vectors, steps in flight: 4, 2
 // or 1 where registers bind; CTAs an SM; words a lane). `w3`: three CTAs an SM (80
@@ -775,7 +783,7 @@ QMV_ENTRY_C(q4_k, QT_Q4_K, 1, 3, w3)
         MLA_WEIGHTS_FIRST(); /* qmv_t waits after its first loads */                           \
         qmv_t<TY, 2, 1, DEPTH, 2, false, false, false, BULK, false, true>(                     \
             nullptr, w0, 0, 0, nullptr, nullptr, 0, rows, k, 1, 0, out, 0, nullptr, nullptr,   \
-            nullptr, 0, xf, gamma, eps, hnb);                                                  \
+            nullptr, 0, 0x7fffffff, 0, xf, gamma, eps, hnb);                                   \
     }
 QMV_ENTRY_N(q8_0, QT_Q8_0, 2, 2, w, false)
 QMV_ENTRY_N(q8_0, QT_Q8_0, 1, 3, w3, false)
@@ -794,11 +802,11 @@ QMV_ENTRY_N(q4_k, QT_Q4_K, 3, 3, b3, true)
         qmv_q4_k_r2m1##SUF(const unsigned long long* w_ptrs, unsigned long long w0, int first, \
                            int held, const int* ids, const bf16* x, int x_div, int rows,       \
                            int k, int m, int accumulate, float* out, int glu, bf16* act,       \
-                           const float* cy, const float* cw, int ck) {                         \
+                           const float* cy, const float* cw, int ck, int sl_from, int sl_up) { \
         MLA_WEIGHTS_FIRST(); /* qmv_t waits: dense after its first copies, pairs first */      \
         qmv_t<QT_Q4_K, 2, 1, DEPTH, 2, GLU, false, COMB, true, false>(                         \
             w_ptrs, w0, first, held, ids, x, x_div, rows, k, m, accumulate, out, glu, act, cy, \
-            cw, ck);                                                                           \
+            cw, ck, sl_from, sl_up);                                                           \
     }
 QMV_ENTRY_B(4, 2, b, false, false)
 QMV_ENTRY_B(4, 2, b_glu, true, false)
@@ -811,11 +819,12 @@ QMV_ENTRY_B(3, 3, b3_comb, false, true)
     extern "C" __global__ void __launch_bounds__(256, MINB)                                    \
         NAME(const unsigned long long* w_ptrs, unsigned long long w0, int first, int held,     \
              const int* ids, const bf16* x, int x_div, int rows, int k, int m, int accumulate, \
-             float* out, int glu, bf16* act, const float* cy, const float* cw, int ck) {       \
+             float* out, int glu, bf16* act, const float* cy, const float* cw, int ck,         \
+             int sl_from, int sl_up) {                                                         \
         MLA_WEIGHTS_FIRST(); /* qmv_t waits */                                                 \
         qmv_t<QT_Q4_K, 2, 1, DEPTH, 2, false, LO, false, true, QC>(                            \
             w_ptrs, w0, first, held, ids, x, x_div, rows, k, m, accumulate, out, glu, act, cy, \
-            cw, ck);                                                                           \
+            cw, ck, sl_from, sl_up);                                                           \
     }
 QMV_BULK(lab_q4k_r2m1w_bulk4q, 4, 2, false, true)
 QMV_BULK(lab_q4k_r2m1w3_bulk3q, 3, 3, false, true)

@@ -892,15 +892,29 @@ impl CudaExecutor {
             linear(gpu, rows, xb, &m.gate_up, gu.ptr(), false)?;
             gpu.silu_mul(gu.ptr(), act.ptr(), m.f, rows)?;
         }
+        self.mlp_down(m, rows, act.ptr(), out, comb)
+    }
+
+    /// The down projection of [`CudaExecutor::mlp`] from its SwiGLU rows `act` [rows, F] bf16,
+    /// added into `out` [rows, H] with the routed experts' pending combine `comb` first.
+    fn mlp_down(
+        &self,
+        m: &GMlp,
+        rows: usize,
+        act: u64,
+        out: u64,
+        comb: Option<PairCombine>,
+    ) -> Result<()> {
+        let gpu = &self.gpu;
         if let Some(c) = comb {
             if let GLinear::Quant(q) = &m.down {
                 if gpu.combine_fits(q, rows, c.k) {
-                    return gpu.qmv_combine(q, act.ptr(), out, c);
+                    return gpu.qmv_combine(q, act, out, c);
                 }
             }
             gpu.moe_combine_pairs(rows, out, c.y, c.w, c.k, m.down.rows())?;
         }
-        linear(gpu, rows, act.ptr(), &m.down, out, true)
+        linear(gpu, rows, act, &m.down, out, true)
     }
 }
 

@@ -848,12 +848,12 @@ impl SliceViews {
         fs: 0,
     };
 
-    fn args(self) -> (i32, i32) {
+    pub(crate) fn args(self) -> (i32, i32) {
         (self.e_routed.min(i32::MAX as usize) as i32, self.fs as i32)
     }
 
     /// Whether any id names a slice (`NONE` marks none with e_routed = i32::MAX).
-    fn has_slices(self) -> bool {
+    pub(crate) fn has_slices(self) -> bool {
         self.e_routed < i32::MAX as usize
     }
 }

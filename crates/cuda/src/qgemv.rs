@@ -28,7 +28,7 @@
 use crate::args;
 use crate::error::{CudaError, Result};
 use crate::gpu::{DBuf, Gpu};
-use crate::ops::{Gemm, GemmType};
+use crate::ops::{Gemm, GemmType, SliceViews};
 use cudarc::driver::LaunchConfig;
 use mlaserve_gguf::GgmlType;
 
@@ -437,21 +437,30 @@ pub struct QmvNorm {
 }
 
 /// What a GEMV launch writes: out (f32, `accumulate` adds), act = SwiGLU of row pairs (i, f + i)
-/// (bf16 [*, f]), or out += the routed experts' combine, then the product.
+/// (bf16 [*, f]; over pairs, a shared-expert slice's (i, fs + i): `views`), or out += the
+/// routed experts' combine, then the product.
 #[derive(Clone, Copy, Debug)]
 enum Epilogue {
     Plain,
-    Glu { f: usize, act: u64 },
+    Glu {
+        f: usize,
+        act: u64,
+        views: SliceViews,
+    },
     Combine(PairCombine),
 }
 
 impl Epilogue {
-    /// The kernels' (glu, act, cy, cw, ck) arguments.
-    fn args(self) -> (i32, u64, u64, u64, i32) {
+    /// The kernels' (glu, act, cy, cw, ck, sl_from, sl_up) arguments.
+    fn args(self) -> (i32, u64, u64, u64, i32, i32, i32) {
+        let (sl_from, sl_up) = SliceViews::NONE.args();
         match self {
-            Epilogue::Plain => (0, 0, 0, 0, 0),
-            Epilogue::Glu { f, act } => (f as i32, act, 0, 0, 0),
-            Epilogue::Combine(c) => (0, 0, c.y, c.w, c.k as i32),
+            Epilogue::Plain => (0, 0, 0, 0, 0, sl_from, sl_up),
+            Epilogue::Glu { f, act, views } => {
+                let (sl_from, sl_up) = views.args();
+                (f as i32, act, 0, 0, 0, sl_from, sl_up)
+            }
+            Epilogue::Combine(c) => (0, 0, c.y, c.w, c.k as i32, sl_from, sl_up),
         }
     }
 }
@@ -864,7 +873,11 @@ impl Gpu {
             return Ok(());
         }
         let name = format!("{}_glu", v.kernel(w.ty));
-        let glu = Epilogue::Glu { f: w.rows / 2, act };
+        let glu = Epilogue::Glu {
+            f: w.rows / 2,
+            act,
+            views: SliceViews::NONE,
+        };
         self.qmv_launch(&name, w, x, row0, 1, 0, false, v, grid_cap, glu)
     }
 
@@ -928,7 +941,7 @@ impl Gpu {
         epi: Epilogue,
     ) -> Result<()> {
         let (rows, k, acc) = (w.rows as i32, w.cols as i32, accumulate as i32);
-        let (glu_f, act, cy, cw, ck) = epi.args();
+        let (glu_f, act, cy, cw, ck, sl_from, sl_up) = epi.args();
         let (xr, m32) = (row0 as i32, m as i32);
         let (w0, null, zero) = (w.w.ptr(), 0u64, 0i32);
         if w0 == 0 {
@@ -965,7 +978,8 @@ impl Gpu {
             name,
             cfg,
             &args![
-                null, w0, zero, zero, null, x, xr, rows, k, m32, acc, out, glu_f, act, cy, cw, ck
+                null, w0, zero, zero, null, x, xr, rows, k, m32, acc, out, glu_f, act, cy, cw, ck,
+                sl_from, sl_up
             ],
         )
     }
@@ -1078,7 +1092,11 @@ impl Gpu {
             )));
         }
         let epi = match glu {
-            Some((f, act)) if glu_allowed() && rows == 2 * f => Epilogue::Glu { f, act },
+            Some((f, act)) if glu_allowed() && rows == 2 * f => Epilogue::Glu {
+                f,
+                act,
+                views: SliceViews::NONE,
+            },
             Some((f, _)) => {
                 return Err(CudaError::Invalid(format!(
                     "qmv_pairs_variant: the SwiGLU epilogue over {rows} rows, f = {f} (2f rows, \
@@ -1092,20 +1110,22 @@ impl Gpu {
 
     /// [`Gpu::qmv_pairs`] over gate|up matrices [2f, k] with the SwiGLU epilogue of
     /// [`Gpu::qmv_glu`]: act[p, i] = bf16(silu(g) * u) of pair p's rows i and f + i, bit for
-    /// bit `qmv_pairs` over 2f rows then [`Gpu::silu_mul`]. act bf16 [pairs, f].
+    /// bit `qmv_pairs` over 2f rows then [`Gpu::silu_mul`]. act bf16 [pairs, f]; `p` =
+    /// (pairs, w_ptrs, first, held, ids) as [`Gpu::qmv_pairs_after`] takes it. Ids from
+    /// `views.e_routed` on are shared-expert slices (Q4_K only): their table entries point at
+    /// a slice's first gate row of the shared [2 views.fs, k] gate|up, its up rows views.fs
+    /// further (weights.rs, `GMoe::slices`), so a token's slices make the shared MLP's
+    /// intermediate, the same bits as [`Gpu::qmv_glu`] over the whole matrix.
     #[allow(clippy::too_many_arguments)]
     pub fn qmv_pairs_glu(
         &self,
         ty: QType,
-        pairs: usize,
-        w_ptrs: u64,
-        first: usize,
-        held: usize,
-        ids: u64,
+        p: (usize, u64, usize, usize, u64),
         x: u64,
         k: usize,
         x_div: usize,
         f: usize,
+        views: SliceViews,
         act: u64,
     ) -> Result<()> {
         if !glu_allowed() {
@@ -1113,19 +1133,16 @@ impl Gpu {
                 "qmv_pairs_glu with MLASERVE_QMV_GLU=0 or MLASERVE_QMV_WIDE=0".into(),
             ));
         }
-        let p = (pairs, w_ptrs, first, held, ids);
-        self.qmv_pairs_launch(
-            ty,
-            p,
-            x,
-            k,
-            x_div,
-            2 * f,
-            0,
-            Epilogue::Glu { f, act },
-            false,
-            pairs_kernel(true),
-        )
+        if views.has_slices() && (ty != QType::Q4K || views.fs < f) {
+            return Err(CudaError::Invalid(format!(
+                "qmv_pairs_glu: shared-expert slices of {ty:?} (Q4_K only), intermediate {} \
+                 (at least one expert's {f})",
+                views.fs
+            )));
+        }
+        let epi = Epilogue::Glu { f, act, views };
+        let v = pairs_kernel(true);
+        self.qmv_pairs_launch(ty, p, x, k, x_div, 2 * f, 0, epi, false, v)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1155,7 +1172,7 @@ impl Gpu {
             Epilogue::Glu { .. } => format!("{}_glu", v.kernel(ty)),
             _ => v.kernel(ty),
         };
-        let (glu_f, act, cy, cw, ck) = epi.args();
+        let (glu_f, act, cy, cw, ck, sl_from, sl_up) = epi.args();
         let smem = v.smem(k);
         // Persistent over row groups, the pairs side by side.
         let grid = v
@@ -1175,7 +1192,8 @@ impl Gpu {
             &name,
             cfg,
             &args![
-                w_ptrs, 0u64, f, h, ids, x, xd, r32, k32, one, flags, out, glu_f, act, cy, cw, ck
+                w_ptrs, 0u64, f, h, ids, x, xd, r32, k32, one, flags, out, glu_f, act, cy, cw, ck,
+                sl_from, sl_up
             ],
         )
     }

@@ -118,7 +118,7 @@ impl CudaExecutor {
         // The small path's routing (ids, weights, shared slices), or the routed experts done.
         let routed = match inp {
             FfnIn::Residual { x, gamma } if small && self.fused_route(t) => {
-                let s = small_slices(m, t);
+                let s = small_slices(m, gpu, t);
                 let pairs = t * (mc.top_k + s);
                 let (ids, w) = (gpu.alloc::<i32>(pairs)?, gpu.alloc::<f32>(pairs)?);
                 let bias = m.bias_dev.as_ref().map_or(0, |b| b.ptr());
@@ -126,7 +126,7 @@ impl CudaExecutor {
                 // Decided once, here: the routing fences hnb exactly when the expert GEMV
                 // after it lets its shared slices skip their wait (slices exist only for one
                 // bf16 token, which moe_small takes to the fused kernels).
-                let nowait = s > 0 && gpu.shared_nowait(&rc, h);
+                let nowait = s > 0 && m.gate_up_ty.is_none() && gpu.shared_nowait(&rc, h);
                 gpu.moe_norm_route(
                     t,
                     x,
@@ -161,7 +161,7 @@ impl CudaExecutor {
                     logits.ptr(),
                 ))?;
                 if small {
-                    let s = small_slices(m, t);
+                    let s = small_slices(m, gpu, t);
                     let (ids, w) = self.route_on_gpu(m, mc, t, &logits, s)?;
                     Some((ids, w, s, false))
                 } else if t <= gpu_max {
@@ -380,11 +380,20 @@ impl CudaExecutor {
                 Small::Routed
             });
         }
-        if s != 0 {
-            return Err(CudaError::Invalid(format!(
-                "{s} shared slices routed for the per-pair expert chain"
-            )));
-        }
+        // Quantized experts with s shared slices (one token, Q4_K: `small_slices`): the
+        // gate|up runs over the k routed pairs and the s slices, whose act rows k..k + s are
+        // the shared MLP's intermediate [fs]; the down over the k routed pairs alone.
+        let sh = match (s, &m.shared) {
+            (0, _) => None,
+            (1.., Some(sh)) if t == 1 && m.gate_up_ty == Some(QType::Q4K) => Some(sh),
+            _ => {
+                return Err(CudaError::Invalid(format!(
+                    "{s} shared slices routed for the per-pair expert chain over {t} tokens of \
+                     {:?} experts (one token of Q4_K gate|up only)",
+                    m.gate_up_ty
+                )))
+            }
+        };
         let (k, held) = (mc.top_k, m.experts.len());
         let pairs = t * k;
         // One expert-GEMV launch over all pairs: x [*, width] bf16; pair p reads row p / x_div.
@@ -404,22 +413,25 @@ impl CudaExecutor {
                 ),
             }
         };
-        let act = gpu.alloc::<u16>(pairs * f)?;
+        let act = gpu.alloc::<u16>(t * (k + s) * f)?;
         match m.gate_up_ty {
             // Quantized: the SwiGLU in the expert GEMV's epilogue (the same sums and bits).
-            Some(ty) if gpu.qmv_glu_on() => gpu.qmv_pairs_glu(
-                ty,
-                pairs,
-                gate_up,
-                first,
-                held,
-                ids.ptr(),
-                hnb.ptr(),
-                h,
-                k,
-                f,
-                act.ptr(),
-            )?,
+            Some(ty) if gpu.qmv_glu_on() => {
+                let views = match sh {
+                    Some(sh) => SliceViews {
+                        e_routed: m.num_experts,
+                        fs: sh.f,
+                    },
+                    None => SliceViews::NONE,
+                };
+                let p = (t * (k + s), gate_up, first, held + s, ids.ptr());
+                gpu.qmv_pairs_glu(ty, p, hnb.ptr(), h, k + s, f, views, act.ptr())?
+            }
+            _ if s > 0 => {
+                return Err(CudaError::Invalid(
+                    "shared slices routed with the SwiGLU epilogue off (MLASERVE_QMV_GLU=0)".into(),
+                ))
+            }
             _ => {
                 let gu = gpu.alloc::<f32>(pairs * 2 * f)?;
                 gemv(m.gate_up_ty, gate_up, hnb.ptr(), k, h, 2 * f, gu.ptr())?;
@@ -435,24 +447,32 @@ impl CudaExecutor {
             }
             None => gemv(None, down, act.ptr(), 1, f, h, y.ptr())?,
         }
-        if !defer {
-            gpu.moe_combine_pairs(t, out, y.ptr(), w.ptr(), k, h)?;
-            return Ok(Small::Routed);
-        }
         let comb = PairCombine {
             y: y.ptr(),
             w: w.ptr(),
             k,
         };
+        if let Some(sh) = sh {
+            // the shared down over the slices' intermediate, adding the routed pairs' sum
+            self.mlp_down(sh, 1, act.at(k * f), out, Some(comb))?;
+            return Ok(Small::WithShared);
+        }
+        if !defer {
+            gpu.moe_combine_pairs(t, out, y.ptr(), w.ptr(), k, h)?;
+            return Ok(Small::Routed);
+        }
         Ok(Small::Pending { y, comb })
     }
 }
 
 /// Shared-expert slices the small path routes for a step of `t` tokens: the layer's slices
-/// for one token of bf16 experts (the fused kernels run them with the routed pairs), else 0.
-fn small_slices(m: &GMoe, t: usize) -> usize {
+/// for one token of bf16 experts (the fused kernels run them with the routed pairs) or of
+/// Q4_K gate|up with the SwiGLU epilogue on (the int8 gate|up GEMV over pairs runs them;
+/// weights.rs made them only with `MLASERVE_QMV_SLICES=1`), else 0.
+fn small_slices(m: &GMoe, gpu: &Gpu, t: usize) -> usize {
     let bf16 = m.gate_up_ty.is_none() && m.down_ty.is_none();
-    if t == 1 && bf16 && fused_tokens() >= 1 {
+    let q4k = m.gate_up_ty == Some(QType::Q4K) && gpu.qmv_glu_on();
+    if t == 1 && ((bf16 && fused_tokens() >= 1) || q4k) {
         m.slices
     } else {
         0

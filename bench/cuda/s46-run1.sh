@@ -4,11 +4,12 @@
 # (~250 s on an H100, ~350 on an H200; the kernels' first compile ~90 s of it).
 # 1. The quantized and moe op families: new since the last GPU run, the expert GEMV over pairs
 #    on each kernel it takes (PAIRS, WIDE3; plain and SwiGLU) and the gate|up over pairs with
-#    shared-expert slices (MLASERVE_QMV_SLICES), bit for bit qmv_glu; e2e with the slices
-#    on and with the pairs on three CTAs (MLASERVE_QMV_PAIRS_W3=1): the same figures.
+#    shared-expert slices (MLASERVE_QMV_SLICES; Q8_0 and Q4_K), bit for bit qmv_glu; e2e with
+#    the slices on and with the pairs on three CTAs (MLASERVE_QMV_PAIRS_W3=1): the same figures.
 # 2. The Q4_K V2-Lite b1 step, two rounds interleaved: the default, MLASERVE_QMV_SLICES=1
 #    (the shared experts' gate|up inside the routed pairs' launch: one launch fewer a layer),
-#    MLASERVE_QMV_PAIRS_W3=glu, and both; b2 once each (slices are one-token only: control).
+#    and MLASERVE_QMV_PAIRS_W3=glu (slices keep the two-CTA kernel); b2 once each (slices are
+#    one-token only: a control).
 # 3. On an H200 (item 2's card): the bf16 b1 step, and the Q4_K b1 with MLASERVE_QMV_NORM=0.
 set -u
 RUN=s46-run1; . tools/device/prelude.sh
@@ -33,7 +34,6 @@ for r in 1 2; do
   echo "== q4k b1 round $r: $(rep $Q 1 X=1) $(el)" >> $L
   echo "== q4k b1 round $r SLICES=1: $(rep $Q 1 MLASERVE_QMV_SLICES=1) $(el)" >> $L
   echo "== q4k b1 round $r PAIRS_W3=glu: $(rep $Q 1 MLASERVE_QMV_PAIRS_W3=glu) $(el)" >> $L
-  echo "== q4k b1 round $r SLICES=1 PAIRS_W3=glu: $(rep $Q 1 MLASERVE_QMV_SLICES=1 MLASERVE_QMV_PAIRS_W3=glu) $(el)" >> $L
 done
 echo "== q4k b2: $(rep $Q 2 X=1) $(el)" >> $L
 echo "== q4k b2 SLICES=1: $(rep $Q 2 MLASERVE_QMV_SLICES=1) $(el)" >> $L

@@ -322,10 +322,11 @@ __device__ __forceinline__ void qmv_norm_x(const float* xf, const float* gamma, 
 // (With the code in every kernel, steps measured up to 10% slower in session 15: twins.)
 // Pairs (ids != null, m == 1): blockIdx.y is pair p; W is expert ids[p] - first's matrix
 // (w_ptrs; a pair whose expert is not held here, or has no pointer, gets zeros), x row
-// p / x_div, out row p. GLU over pairs: ids from sl_from on are shared-expert slices
-// (ops.rs's SliceViews; weights.rs): W points at the slice's first gate row of the shared
-// [2 sl_up, k] gate|up, its up rows sl_up rows further (Q4_K only: a row is its blocks,
-// where Q8_0's scales sit after all rows).
+// p / x_div, out row p. SLICES (GLU over pairs, the two-CTA `_w_glu` kernels only: at three
+// CTAs an SM the slice's up offset spilled the 80 registers in the loop): id sl_from + j is
+// the shared expert's slice j (ops.rs's SliceViews; weights.rs): W points at row j * glu of
+// the shared [2 sl_up, k] gate|up (Q8_0: its quants; the scales found after the shared
+// matrix's rows), the slice's up rows sl_up rows further.
 //
 // Each block first quantizes its x rows into shared memory (q8_block, the rule of
 // q8_quantize_x), so no separate launch or global round trip is needed, and every weight
@@ -350,7 +351,8 @@ __device__ __forceinline__ void qmv_norm_x(const float* xf, const float* gamma, 
 // slower on the MLP shapes in session 9, and never faster by more than 1%.) A warp owns its
 // rows and sums its lanes in a fixed order.
 template <int TY, int R, int MT, int DEPTH, int NQ, bool GLU = false, bool LOADS_ONLY = false,
-          bool COMB = false, bool BULK = false, bool QCOOP = false, bool NORM = false>
+          bool COMB = false, bool BULK = false, bool QCOOP = false, bool NORM = false,
+          bool SLICES = false>
 __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_ptrs,
                                       unsigned long long w0, int first, int held,
                                       const int* __restrict__ ids, const bf16* __restrict__ x,
@@ -369,7 +371,8 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gw = blockIdx.x * 8 + warp, nw = gridDim.x * 8;
     int xr = x_div, orow = 0, nv = min(m, MT);
-    int uo = glu;  // GLU: up rows start uo rows after the gate rows (a slice: sl_up)
+    int uo = glu;               // GLU: up rows uo rows after the gate rows
+    i64 wdo = (i64)rows * k;    // Q8_0: the scales' byte offset from w
     const unsigned char* w = (const unsigned char*)w0;
     // Pairs with accumulate bit 1 (the host vouches, Gpu::qmv_pairs_after): ids are final
     // before this grid's wait — every block of each kernel since the one that wrote them waited
@@ -381,7 +384,13 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     if (ids != nullptr) {
         if (!early) MLA_PDL();  // the routing's ids pick the matrix
         const int p = blockIdx.y, id = (early ? ld_cg_s32(ids + p) : ids[p]), ex = id - first;
-        if (id >= sl_from) uo = sl_up;
+        if (SLICES && id >= sl_from) {
+            // slice j: w is the shared matrix's row j * glu; Q8_0's scales sit after its
+            // 2 sl_up rows of quants, from that row's
+            const int j = id - sl_from;
+            uo = sl_up;
+            wdo = (i64)(2 * sl_up - j * glu) * k + (i64)j * glu * (k >> 5) * 2;
+        }
         xr = p / x_div;
         orow = p;
         nv = 1;
@@ -389,6 +398,7 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     }
     // GLU (R == 2): group g is the rows g (gate) and glu + g (up) of a [2 glu, k] gate|up.
     static_assert(!GLU || R == 2, "a SwiGLU row group is one gate row and its up row");
+    static_assert(!SLICES || GLU, "slices are of a gate|up");
     static_assert(!LOADS_ONLY || TY == QT_Q4_K, "the loads-only lab walks Q4_K");
     static_assert(!COMB || (MT == 1 && !GLU), "the combine rides on a one-vector product");
     const int groups = GLU ? glu : (rows + R - 1) / R;
@@ -413,7 +423,7 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     // Q4_K lane roles: super-block lane / LPS of the step, sub-block pair h, and (NQ = 1)
     // which half of the pair's 32 bytes, lo.
     const int il = lane % LPS, h = NQ == 2 ? il : il >> 1, lo = NQ == 2 ? 0 : (il & 1) * 16;
-    const unsigned short* wd = (const unsigned short*)(w + (i64)rows * k);  // Q8_0 scales
+    const unsigned short* wd = (const unsigned short*)(w + wdo);  // Q8_0 scales
     const i64 rb = TY == QT_Q8_0 ? (i64)k : (i64)nsb * 144;  // bytes a row (quants)
     // The load cursor: step ls of row group lg, whose rows start at lw[r] (scales at lwd[r]).
     // Counters and per-row bases instead of a division per step: the address arithmetic
@@ -701,9 +711,9 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
                                      float* out, int glu, bf16* act, const float* cy,          \
                                      const float* cw, int ck, int sl_from, int sl_up) {        \
         MLA_WEIGHTS_FIRST(); /* qmv_t waits: dense (and early pairs) after its first loads */  \
-        qmv_t<TY, R, MT, DEPTH, NQ, GLU>(w_ptrs, w0, first, held, ids, x, x_div, rows, k, m,   \
-                                         accumulate, out, glu, act, cy, cw, ck, sl_from,       \
-                                         sl_up);                                               \
+        qmv_t<TY, R, MT, DEPTH, NQ, GLU, false, false, false, false, false, GLU && MINB == 2>(  \
+            w_ptrs, w0, first, held, ids, x, x_div, rows, k, m, accumulate, out, glu, act, cy,  \
+            cw, ck, sl_from, sl_up);                                                           \
     }
 #define QMV_ENTRY(TYN, TY, R, MT, DEPTH, MINB, NQ, SUF) \
     QMV_ENTRY_G(TYN, TY, R, MT, DEPTH, MINB, NQ, SUF, false)

@@ -102,6 +102,16 @@ impl QMat {
         self.rows * self.ty.row_bytes(self.cols)
     }
 
+    /// The device address of row `r`'s quants: Q4_K rows are their blocks, one after
+    /// another; Q8_0's quants are [rows, cols] int8, their scales after every row. A
+    /// shared-expert slice's table entry ([`Gpu::qmv_pairs_glu`]).
+    pub fn row_ptr(&self, r: usize) -> u64 {
+        match self.ty {
+            QType::Q8_0 => self.w.at(r * self.cols),
+            QType::Q4K => self.w.at(r * self.ty.row_bytes(self.cols)),
+        }
+    }
+
     /// The fewest rows of x [`Gpu::qgemm`] takes to the int8 tensor-core kernel for this
     /// matrix (`qmmq::mmq_from`; None: never).
     pub fn mmq_from(&self) -> Option<usize> {
@@ -1111,11 +1121,13 @@ impl Gpu {
     /// [`Gpu::qmv_pairs`] over gate|up matrices [2f, k] with the SwiGLU epilogue of
     /// [`Gpu::qmv_glu`]: act[p, i] = bf16(silu(g) * u) of pair p's rows i and f + i, bit for
     /// bit `qmv_pairs` over 2f rows then [`Gpu::silu_mul`]. act bf16 [pairs, f]; `p` =
-    /// (pairs, w_ptrs, first, held, ids) as [`Gpu::qmv_pairs_after`] takes it. Ids from
-    /// `views.e_routed` on are shared-expert slices (Q4_K only): their table entries point at
-    /// a slice's first gate row of the shared [2 views.fs, k] gate|up, its up rows views.fs
-    /// further (weights.rs, `GMoe::slices`), so a token's slices make the shared MLP's
-    /// intermediate, the same bits as [`Gpu::qmv_glu`] over the whole matrix.
+    /// (pairs, w_ptrs, first, held, ids) as [`Gpu::qmv_pairs_after`] takes it. Id
+    /// `views.e_routed + j` is the shared expert's slice j: its table entry is
+    /// [`QMat::row_ptr`] of row j * f of the shared [2 views.fs, k] gate|up, its up rows
+    /// views.fs further (weights.rs, `GMoe::slices`), so a token's slices make the shared
+    /// MLP's intermediate, the same bits as [`Gpu::qmv_glu`] over the whole matrix — on the
+    /// two-CTA kernel whatever `MLASERVE_QMV_PAIRS_W3` says (the three-CTA one has no slices:
+    /// qgemv.cu's SLICES).
     #[allow(clippy::too_many_arguments)]
     pub fn qmv_pairs_glu(
         &self,
@@ -1133,15 +1145,19 @@ impl Gpu {
                 "qmv_pairs_glu with MLASERVE_QMV_GLU=0 or MLASERVE_QMV_WIDE=0".into(),
             ));
         }
-        if views.has_slices() && (ty != QType::Q4K || views.fs < f) {
+        if views.has_slices() && (views.fs < f || !views.fs.is_multiple_of(f)) {
             return Err(CudaError::Invalid(format!(
-                "qmv_pairs_glu: shared-expert slices of {ty:?} (Q4_K only), intermediate {} \
-                 (at least one expert's {f})",
+                "qmv_pairs_glu: shared-expert slices of intermediate {} (a multiple of one \
+                 expert's {f})",
                 views.fs
             )));
         }
         let epi = Epilogue::Glu { f, act, views };
-        let v = pairs_kernel(true);
+        let v = if views.has_slices() {
+            QmvVariant::PAIRS
+        } else {
+            pairs_kernel(true)
+        };
         self.qmv_pairs_launch(ty, p, x, k, x_div, 2 * f, 0, epi, false, v)
     }
 

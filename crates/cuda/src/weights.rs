@@ -187,9 +187,9 @@ pub struct GMoe {
     /// Shared-expert slices in the pointer tables after the routed experts (0: none): views
     /// of `shared` as wide as one routed expert, which the one-token expert kernels run as
     /// `slices` more experts of weight 1 ([`shared_slices`], `ops::SliceViews`): bf16, in
-    /// both tables (the fused kernels); Q4_K, in `gate_up_ptrs` only (the int8 gate|up GEMV
-    /// over pairs: a Q4_K row is its blocks, but a column slice of the shared down is not;
-    /// the shared down reads the slices' intermediate as one vector).
+    /// both tables (the fused kernels); Q8_0 or Q4_K, in `gate_up_ptrs` only (the int8
+    /// gate|up GEMV over pairs takes whole rows; a column slice of the shared down is not
+    /// blocks, so the shared down reads the slices' intermediate as one vector).
     pub slices: usize,
     /// [experts.len() + slices] device pointers of each held expert's gate_up, then of the
     /// slice views (GEMV paths); `down_ptrs` likewise, its slice views bf16 only.
@@ -281,8 +281,8 @@ fn fuse_shared() -> bool {
     std::env::var("MLASERVE_FUSE_SHARED").map_or(true, |v| v != "0")
 }
 
-/// Whether a Q4_K shared expert's gate|up runs as slices in the routed experts' gate|up GEMV
-/// over pairs for one token (`MLASERVE_QMV_SLICES=1`; a lab knob, off until measured on a
+/// Whether a quantized shared expert's gate|up runs as slices in the routed experts' gate|up
+/// GEMV over pairs for one token (`MLASERVE_QMV_SLICES=1`; a lab knob, off until measured on a
 /// GPU): one launch fewer a MoE layer, the same bits ([`shared_slices`]).
 pub(crate) fn qmv_slices() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -296,19 +296,18 @@ pub(crate) fn qmv_slices() -> bool {
 /// the kernels cannot read the slices in place: expert-parallel shards (ids of other ranks'
 /// experts would alias the slices), a width that is not a multiple, other shapes than the
 /// routed experts', or weights kept in GGUF blocks — except gate and up, routed and shared,
-/// all kept in Q4_K (`q4k_gate_up`: a slice is whole rows of blocks, for the int8 gate|up
-/// GEMV over pairs; the down stays whole, any type).
+/// all kept in one block type (`blocks`: a slice is whole rows, for the int8 gate|up GEMV over
+/// pairs; the downs stay whole, any type).
 #[allow(clippy::manual_is_multiple_of)] // MSRV 1.85
-fn shared_slices(m: &Moe, keeps: &dyn Fn(&QMatrix) -> Option<QType>, q4k_gate_up: bool) -> usize {
+fn shared_slices(m: &Moe, keeps: &dyn Fn(&QMatrix) -> Option<QType>, blocks: bool) -> usize {
     let (Some(sh), Some(e0)) = (m.shared.as_ref(), m.experts.first()) else {
         return 0;
     };
     let f = e0.gate.rows;
     let fs = sh.gate.rows;
-    let readable = if q4k_gate_up {
-        [&e0.gate, &e0.up, &sh.gate, &sh.up]
-            .iter()
-            .all(|q| keeps(q) == Some(QType::Q4K))
+    let readable = if blocks {
+        let ty = keeps(&e0.gate);
+        ty.is_some() && [&e0.up, &sh.gate, &sh.up].iter().all(|q| keeps(q) == ty)
     } else {
         [&e0.gate, &e0.up, &e0.down, &sh.gate, &sh.up, &sh.down]
             .iter()
@@ -360,12 +359,9 @@ fn moe(up: Up, m: &Moe) -> Result<GMoe> {
                     dn.push(d.w.at(j * f));
                 }
             }
-            (GLinear::Quant(g), _) if qmv_slices() && g.ty == QType::Q4K => {
+            (GLinear::Quant(g), _) if qmv_slices() => {
                 slices = shared_slices(m, &|q| up.keeps(q), true);
-                let row = g.ty.row_bytes(g.cols);
-                for j in 0..slices {
-                    gu.push(g.w.at(j * e0.f * row));
-                }
+                gu.extend((0..slices).map(|j| g.row_ptr(j * e0.f)));
             }
             _ => {}
         }
@@ -500,16 +496,16 @@ mod tests {
     /// The shared MLP is cut into slices only where they are exact and readable in place:
     /// bf16 storage (f32 uploads as bf16), a width that is a multiple of the experts', not in
     /// GGUF blocks, not an expert-parallel shard — or, for the int8 gate|up GEMV, gate and up
-    /// all in Q4_K (whole rows of blocks), the downs any type. (The slices summing to the
+    /// all in one block type (whole rows), the downs any type. (The slices summing to the
     /// shared MLP is checked on the GPU: tests/ops.rs, moe_gemv_swiglu/combine and
     /// qmv_pairs_glu with slice views.)
     #[test]
     fn shared_slices_only_where_exact() {
         let bf16 = |m: &Moe| shared_slices(m, &keeps_q8, false);
-        let q4k = |m: &Moe| shared_slices(m, &keeps_q8, true);
+        let quant = |m: &Moe| shared_slices(m, &keeps_q8, true);
         for (ty, f, fs, h) in [(GgmlType::F32, 8, 24, 16), (GgmlType::BF16, 64, 128, 64)] {
             assert_eq!(bf16(&moe(ty, ty, f, fs, h)), fs / f);
-            assert_eq!(q4k(&moe(ty, ty, f, fs, h)), 0);
+            assert_eq!(quant(&moe(ty, ty, f, fs, h)), 0);
         }
         // A shared width that is not a multiple of the expert width.
         assert_eq!(bf16(&moe(GgmlType::F32, GgmlType::F32, 8, 20, 16)), 0);
@@ -518,30 +514,29 @@ mod tests {
         assert_eq!(bf16(&m), 0);
         let m = moe(GgmlType::F32, GgmlType::Q8_0, 64, 128, 64);
         assert_eq!(bf16(&m), 0);
-        // Q4_K gate and up, routed and shared: slices for the int8 GEMV, whatever the downs.
-        let q4 = GgmlType::Q4_K;
-        let mut m = moe(q4, q4, 256, 768, 256);
-        assert_eq!(q4k(&m), 3);
-        assert_eq!(bf16(&m), 0);
-        m.shared.as_mut().unwrap().down = mat(GgmlType::Q8_0, 256, 768, 7);
-        assert_eq!(q4k(&m), 3);
-        // ... not a width that is not a multiple, nor Q8_0 gate|up (its scales sit after
-        // every row on the GPU), nor mixed types.
-        let sh = m.shared.as_mut().unwrap();
-        (sh.gate, sh.up, sh.down) = (
-            mat(q4, 384, 256, 3),
-            mat(q4, 384, 256, 4),
-            mat(GgmlType::F32, 256, 384, 5),
-        );
-        assert_eq!(q4k(&m), 0);
-        assert_eq!(q4k(&moe(GgmlType::Q8_0, GgmlType::Q8_0, 256, 768, 256)), 0);
-        assert_eq!(q4k(&moe(q4, GgmlType::Q8_0, 256, 768, 256)), 0);
+        // Gate and up, routed and shared, in one block type: slices for the int8 GEMV,
+        // whatever the downs.
+        let (q4, q8) = (GgmlType::Q4_K, GgmlType::Q8_0);
+        for ty in [q4, q8] {
+            let mut m = moe(ty, ty, 256, 768, 256);
+            assert_eq!(quant(&m), 3);
+            assert_eq!(bf16(&m), 0);
+            m.shared.as_mut().unwrap().down = mat(GgmlType::F32, 256, 768, 7);
+            assert_eq!(quant(&m), 3);
+            // ... not a shared width that is not a multiple
+            let sh = m.shared.as_mut().unwrap();
+            (sh.gate, sh.up) = (mat(ty, 384, 256, 3), mat(ty, 384, 256, 4));
+            sh.down = mat(GgmlType::F32, 256, 384, 5);
+            assert_eq!(quant(&m), 0);
+        }
+        // ... nor types mixed.
+        assert_eq!(quant(&moe(q4, q8, 256, 768, 256)), 0);
         // Expert-parallel shard: other ranks' ids would alias the slices.
         let mut m = moe(GgmlType::F32, GgmlType::F32, 8, 16, 16);
         m.first_expert = 4;
         assert_eq!(bf16(&m), 0);
         let mut m = moe(q4, q4, 256, 512, 256);
         m.first_expert = 4;
-        assert_eq!(q4k(&m), 0);
+        assert_eq!(quant(&m), 0);
     }
 }

@@ -3504,16 +3504,15 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             // [2fs, k] cut into s slices of width fs / s beside one routed expert (its first
             // 2 fs / s rows as a matrix of its own), two tokens (x rows 0 and 1) of 1 + s
             // slots: each token's slice rows are qmv_glu over the whole matrix, its routed row
-            // qmv_glu over the expert's, bit for bit. Q4_K only (a Q8_0 row's scales sit
-            // after every row): an error names that.
+            // qmv_glu over the expert's, bit for bit (Q8_0: the slices' scales found after the
+            // shared matrix's rows).
             if let Some(ns) = [3usize, 2].into_iter().find(|n| f % n == 0) {
                 let fe = f / ns;
-                let row_b = ty.row_bytes(k);
-                let ex = gpu
-                    .upload_qmat(ty, 2 * fe, k, &qm.data()[..2 * fe * row_b])
-                    .unwrap();
+                // (its up rows are the shared matrix's rows fe.., not slice 0's f..)
+                let qe = QMatrix::quantize_from_f32(ggml, 2 * fe, k, &wf[..2 * fe * k]).unwrap();
+                let ex = gpu.upload_qmat(ty, 2 * fe, k, qe.data()).unwrap();
                 let mut tab = vec![ex.w.ptr()];
-                tab.extend((0..ns).map(|j| wd.w.at(j * fe * row_b)));
+                tab.extend((0..ns).map(|j| wd.row_ptr(j * fe)));
                 let tab = gpu.upload(&tab).unwrap();
                 let slots = 1 + ns;
                 let sids: Vec<i32> = (0..2 * slots as i32).map(|p| p % slots as i32).collect();
@@ -3521,31 +3520,20 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 let views = SliceViews { e_routed: 1, fs: f };
                 let got = poisoned::<u16>(gpu, 2 * slots * fe);
                 let sp = (sids.len(), tab.ptr(), 0, slots, sidd.ptr());
-                let r = gpu.qmv_pairs_glu(ty, sp, xb.ptr(), k, slots, fe, views, got.ptr());
-                if ty == QType::Q8_0 {
-                    let name = format!("{} Q8_0 slices refused", shape(1));
-                    rep.check(
-                        "qmv_pairs_glu",
-                        name,
-                        "q*i8>bf16",
-                        r.is_ok() as u8 as f64,
-                        0.0,
-                    );
-                } else {
-                    r.unwrap();
-                    let got = gpu.to_host(&got).unwrap();
-                    let mut mism = 0;
-                    for v in 0..2 {
-                        let (wr, ws) = (poisoned::<u16>(gpu, fe), poisoned::<u16>(gpu, f));
-                        gpu.qmv_glu(&ex, xb.ptr(), v, wr.ptr()).unwrap();
-                        gpu.qmv_glu(&wd, xb.ptr(), v, ws.ptr()).unwrap();
-                        let tok = &got[v * slots * fe..(v + 1) * slots * fe];
-                        mism += bits(&tok[..fe], &gpu.to_host(&wr).unwrap());
-                        mism += bits(&tok[fe..], &gpu.to_host(&ws).unwrap());
-                    }
-                    let name = format!("{} 1+{ns} slots, {ns} slices vs qmv_glu", shape(1));
-                    rep.check("qmv_pairs_glu", name, "q*i8>bf16", mism as f64, 0.0);
+                gpu.qmv_pairs_glu(ty, sp, xb.ptr(), k, slots, fe, views, got.ptr())
+                    .unwrap();
+                let got = gpu.to_host(&got).unwrap();
+                let mut mism = 0;
+                for v in 0..2 {
+                    let (wr, ws) = (poisoned::<u16>(gpu, fe), poisoned::<u16>(gpu, f));
+                    gpu.qmv_glu(&ex, xb.ptr(), v, wr.ptr()).unwrap();
+                    gpu.qmv_glu(&wd, xb.ptr(), v, ws.ptr()).unwrap();
+                    let tok = &got[v * slots * fe..(v + 1) * slots * fe];
+                    mism += bits(&tok[..fe], &gpu.to_host(&wr).unwrap());
+                    mism += bits(&tok[fe..], &gpu.to_host(&ws).unwrap());
                 }
+                let name = format!("{} 1+{ns} slots, {ns} slices vs qmv_glu", shape(1));
+                rep.check("qmv_pairs_glu", name, "q*i8>bf16", mism as f64, 0.0);
             }
         }
         // The dequantize kernel, bit-exact against the CPU's values rounded to bf16.

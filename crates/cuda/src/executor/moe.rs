@@ -380,16 +380,16 @@ impl CudaExecutor {
                 Small::Routed
             });
         }
-        // Quantized experts with s shared slices (one token, Q4_K: `small_slices`): the
+        // Quantized experts with s shared slices (one token: `small_slices`): the
         // gate|up runs over the k routed pairs and the s slices, whose act rows k..k + s are
         // the shared MLP's intermediate [fs]; the down over the k routed pairs alone.
         let sh = match (s, &m.shared) {
             (0, _) => None,
-            (1.., Some(sh)) if t == 1 && m.gate_up_ty == Some(QType::Q4K) => Some(sh),
+            (1.., Some(sh)) if t == 1 && m.gate_up_ty.is_some() => Some(sh),
             _ => {
                 return Err(CudaError::Invalid(format!(
                     "{s} shared slices routed for the per-pair expert chain over {t} tokens of \
-                     {:?} experts (one token of Q4_K gate|up only)",
+                     {:?} experts (one token of quantized gate|up only)",
                     m.gate_up_ty
                 )))
             }
@@ -467,12 +467,12 @@ impl CudaExecutor {
 
 /// Shared-expert slices the small path routes for a step of `t` tokens: the layer's slices
 /// for one token of bf16 experts (the fused kernels run them with the routed pairs) or of
-/// Q4_K gate|up with the SwiGLU epilogue on (the int8 gate|up GEMV over pairs runs them;
+/// quantized gate|up with the SwiGLU epilogue on (the int8 gate|up GEMV over pairs runs them;
 /// weights.rs made them only with `MLASERVE_QMV_SLICES=1`), else 0.
 fn small_slices(m: &GMoe, gpu: &Gpu, t: usize) -> usize {
     let bf16 = m.gate_up_ty.is_none() && m.down_ty.is_none();
-    let q4k = m.gate_up_ty == Some(QType::Q4K) && gpu.qmv_glu_on();
-    if t == 1 && ((bf16 && fused_tokens() >= 1) || q4k) {
+    let quant = m.gate_up_ty.is_some() && gpu.qmv_glu_on();
+    if t == 1 && ((bf16 && fused_tokens() >= 1) || quant) {
         m.slices
     } else {
         0

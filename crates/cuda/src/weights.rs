@@ -282,11 +282,12 @@ fn fuse_shared() -> bool {
 }
 
 /// Whether a quantized shared expert's gate|up runs as slices in the routed experts' gate|up
-/// GEMV over pairs for one token (`MLASERVE_QMV_SLICES=1`; a lab knob, off until measured on a
-/// GPU): one launch fewer a MoE layer, the same bits ([`shared_slices`]).
+/// GEMV over pairs for one token ([`shared_slices`]): one launch fewer a MoE layer, the same
+/// bits; the V2-Lite b1 step on an H100 1,485 -> 1,406 µs (Q4_K), 1,679 -> 1,646 (Q8_0)
+/// (bench/cuda/v2lite.md, session 46). `MLASERVE_QMV_SLICES=0`: never, for comparisons.
 pub(crate) fn qmv_slices() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MLASERVE_QMV_SLICES").is_ok_and(|v| v == "1"))
+    *ON.get_or_init(|| std::env::var("MLASERVE_QMV_SLICES").map_or(true, |v| v != "0"))
 }
 
 /// How many slices as wide as one routed expert the shared experts of `m` make (slice j: rows

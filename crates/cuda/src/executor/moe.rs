@@ -468,7 +468,7 @@ impl CudaExecutor {
 /// Shared-expert slices the small path routes for a step of `t` tokens: the layer's slices
 /// for one token of bf16 experts (the fused kernels run them with the routed pairs) or of
 /// quantized gate|up with the SwiGLU epilogue on (the int8 gate|up GEMV over pairs runs them;
-/// weights.rs made them only with `MLASERVE_QMV_SLICES=1`), else 0.
+/// weights.rs made none with `MLASERVE_QMV_SLICES=0`), else 0.
 fn small_slices(m: &GMoe, gpu: &Gpu, t: usize) -> usize {
     let bf16 = m.gate_up_ty.is_none() && m.down_ty.is_none();
     let quant = m.gate_up_ty.is_some() && gpu.qmv_glu_on();

@@ -333,7 +333,9 @@ __device__ __forceinline__ void qmv_norm_x(const float* xf, const float* gamma, 
 // loaded serves all nv vectors.
 // NORM (the `_norm` twins, dense, one vector: Gpu::qmv_norm): x is made in the kernel from
 // f32 rows xf by the RMSNorm with gamma (qmv_norm_x) — bit for bit rms_norm's bf16 rows,
-// which block 0 also leaves in hnb — so the attention's norm needs no launch of its own.
+// which block 0 also leaves in hnb — so the attention's norm needs no launch of its own; and
+// a second matrix w1 [rows1, k] (rows1 > 0) of the same type and width runs on the same x in
+// the same launch, its row groups after the first's, into out1 (kv_a beside q_a / q_proj).
 // Persistent: block 256 (8 warps), grid.x at most the CTAs resident at once. A warp walks
 // row groups of R rows, in each every K step, with the weights of the next DEPTH steps in
 // flight while it computes one (across row groups too), the first ones requested before x is
@@ -362,7 +364,9 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
                                       int ck, int sl_from = 0x7fffffff, int sl_up = 0,
                                       const float* __restrict__ xf = nullptr,
                                       const float* __restrict__ gamma = nullptr, float eps = 0.f,
-                                      bf16* __restrict__ hnb = nullptr) {
+                                      bf16* __restrict__ hnb = nullptr,
+                                      unsigned long long w1 = 0, int rows1 = 0,
+                                      float* __restrict__ out1 = nullptr) {
     extern __shared__ __align__(16) unsigned char qmv_smem[];
     // vector v: xq [k] at v * k, then xd [MT][k / 32], xs [MT][k / 32]
     signed char* xq = (signed char*)qmv_smem;
@@ -401,7 +405,10 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     static_assert(!SLICES || GLU, "slices are of a gate|up");
     static_assert(!LOADS_ONLY || TY == QT_Q4_K, "the loads-only lab walks Q4_K");
     static_assert(!COMB || (MT == 1 && !GLU), "the combine rides on a one-vector product");
-    const int groups = GLU ? glu : (rows + R - 1) / R;
+    // NORM: a second matrix w1 [rows1, k] after the first's ga groups, into out1 (kv_a beside
+    // q_a / q_proj: the same normed x); its groups' rows are its own, clamped to its rows.
+    const int ga = (rows + R - 1) / R;
+    const int groups = GLU ? glu : ga + (NORM ? (rows1 + R - 1) / R : 0);
     if (w == nullptr) {
         // a pair whose expert is not held: zeros (dense, w0 = 0, the host refuses: a plain
         // product would store zeros, not add them, and a combine would be lost)
@@ -432,12 +439,21 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     const unsigned char* lw[R];
     const unsigned short* lwd[R];
     auto rows_of = [&](int g) {
+        const unsigned char* wb = w;
+        const unsigned short* wdb = wd;
+        int nr = rows;
+        if (NORM && g >= ga) {
+            wb = (const unsigned char*)w1;
+            wdb = (const unsigned short*)(wb + (i64)rows1 * k);
+            g -= ga;
+            nr = rows1;
+        }
 #pragma unroll
         for (int r = 0; r < R; r++) {
             // GLU: g < glu, so both rows are in the matrix (a slice's in the shared one)
-            const int row = GLU ? g + r * uo : min(g * R + r, rows - 1);  // computed, not stored
-            lw[r] = w + (i64)row * rb;
-            lwd[r] = wd + (i64)row * nb;
+            const int row = GLU ? g + r * uo : min(g * R + r, nr - 1);  // computed, not stored
+            lw[r] = wb + (i64)row * rb;
+            lwd[r] = wdb + (i64)row * nb;
         }
     };
     rows_of(lg);
@@ -646,7 +662,10 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
                 }
             }
             if (s == steps - 1) {
-                const int row0 = cg * R;
+                // the group's rows in its matrix, and that matrix's output (NORM: w1's, out1)
+                const bool second = NORM && cg >= ga;
+                const int row0 = (second ? cg - ga : cg) * R, nrow = second ? rows1 : rows;
+                float* const obase = second ? out1 : out;
 #pragma unroll
                 for (int v = 0; v < MT; v++) {
                     // Combine: lane j < ck loads token v's slot j (weight, the group's rows)
@@ -683,8 +702,8 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
                                     *o = o1 + t[r];
                                 }
                             }
-                        } else if (!GLU && lane == 0 && v < nv && row0 + r < rows) {
-                            float* o = out + (i64)(orow + v) * rows + row0 + r;
+                        } else if (!GLU && lane == 0 && v < nv && row0 + r < nrow) {
+                            float* o = obase + (i64)(orow + v) * nrow + row0 + r;
                             *o = accumulate ? *o + t[r] : t[r];
                         }
                     }
@@ -789,11 +808,12 @@ QMV_ENTRY_C(q4_k, QT_Q4_K, 1, 3, w3)
     extern "C" __global__ void __launch_bounds__(256, MINB)                                    \
         qmv_##TYN##_r2m1##SUF##_norm(unsigned long long w0, int rows, int k, float* out,        \
                                      const float* xf, const float* gamma, float eps,           \
-                                     bf16* hnb) {                                              \
+                                     bf16* hnb, unsigned long long w1, int rows1,              \
+                                     float* out1) {                                            \
         MLA_WEIGHTS_FIRST(); /* qmv_t waits after its first loads */                           \
         qmv_t<TY, 2, 1, DEPTH, 2, false, false, false, BULK, false, true>(                     \
             nullptr, w0, 0, 0, nullptr, nullptr, 0, rows, k, 1, 0, out, 0, nullptr, nullptr,   \
-            nullptr, 0, 0x7fffffff, 0, xf, gamma, eps, hnb);                                   \
+            nullptr, 0, 0x7fffffff, 0, xf, gamma, eps, hnb, w1, rows1, out1);                  \
     }
 QMV_ENTRY_N(q8_0, QT_Q8_0, 2, 2, w, false)
 QMV_ENTRY_N(q8_0, QT_Q8_0, 1, 3, w3, false)

@@ -183,7 +183,7 @@ fn fused_attn_norm(gpu: &Gpu, w: &crate::weights::GMla, t: usize) -> Result<bool
         (GLinear::Bf16(a), GLinear::Bf16(b)) => {
             a.cols == b.cols && dense_gemv(t, a) && dense_gemv(t, b)
         }
-        (GLinear::Quant(a), _) => t == 1 && quant_norm_allowed() && gpu.qmv_norm_fits(a)?,
+        (GLinear::Quant(a), _) => t == 1 && quant_norm_allowed() && gpu.qmv_norm_fits(a, None)?,
         _ => false,
     })
 }
@@ -195,6 +195,15 @@ fn fused_attn_norm(gpu: &Gpu, w: &crate::weights::GMla, t: usize) -> Result<bool
 fn quant_norm_allowed() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("MLASERVE_QMV_NORM").as_deref() != Ok("0"))
+}
+
+/// `MLASERVE_QMV_NORM_KV=0` (read once): where the attention norm runs inside the quantized
+/// q_a / q_proj GEMV, kv_a in a launch of its own reading hnb, instead of in the same launch
+/// (a quantized kv_a of the same type and width: [`Gpu::qmv_norm`]'s second matrix; the same
+/// bits either way).
+pub(crate) fn quant_norm_kv_allowed() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLASERVE_QMV_NORM_KV").as_deref() != Ok("0"))
 }
 
 /// out[m, rows] (+)= x[m, cols] . W^T, x bf16, out f32: for bf16 weights the in-house GEMV

@@ -446,6 +446,14 @@ pub struct QmvNorm {
     pub hnb: u64,
 }
 
+/// A second matrix for [`Gpu::qmv_norm`]: `w` of the first's type and width, whose product
+/// with the same normed x goes to `out` f32 [w.rows].
+#[derive(Clone, Copy)]
+pub struct QmvAlso<'a> {
+    pub w: &'a QMat,
+    pub out: u64,
+}
+
 /// What a GEMV launch writes: out (f32, `accumulate` adds), act = SwiGLU of row pairs (i, f + i)
 /// (bf16 [*, f]; over pairs, a shared-expert slice's (i, fs + i): `views`), or out += the
 /// routed experts' combine, then the product.
@@ -642,28 +650,44 @@ impl Gpu {
 
     /// out[0, :] = W . x for one token whose x the kernel makes from an f32 row by the RMSNorm
     /// `n` — bit for bit `rms_norm` into hnb, then [`Gpu::qgemm`] of hnb — leaving that row in
-    /// `n.hnb`: the attention's norm without a launch of its own. Only where
-    /// [`Gpu::qmv_norm_fits`] (an error elsewhere).
-    pub fn qmv_norm(&self, w: &QMat, n: QmvNorm, out: u64) -> Result<()> {
-        let v = self.qmv_kernel_for(w, 1)?;
-        if !self.qmv_norm_fits(w)? {
+    /// `n.hnb`: the attention's norm without a launch of its own; and `also.w` . x into
+    /// `also.out` in the same launch (kv_a beside q_a / q_proj: bit for bit [`Gpu::qgemm`] of
+    /// hnb). Only where [`Gpu::qmv_norm_fits`] (an error elsewhere).
+    pub fn qmv_norm(&self, w: &QMat, n: QmvNorm, out: u64, also: Option<QmvAlso>) -> Result<()> {
+        if !self.qmv_norm_fits(w, also.map(|a| a.w))? {
             return Err(CudaError::Invalid(format!(
-                "qmv_norm over {:?} [{} x {}]: not on the one-vector GEMV with a norm twin",
-                w.ty, w.rows, w.cols
+                "qmv_norm over {:?} [{} x {}]{}: not on the one-vector GEMV with a norm twin",
+                w.ty,
+                w.rows,
+                w.cols,
+                also.map_or(String::new(), |a| format!(
+                    " and {:?} [{} x {}]",
+                    a.w.ty, a.w.rows, a.w.cols
+                ))
             )));
         }
-        self.qmv_norm_variant(w, n, out, v)
+        let v = self.one_vector_for(w.ty, w.rows + also.map_or(0, |a| a.w.rows), w.cols)?;
+        self.qmv_norm_variant(w, n, out, also, v)
     }
 
-    /// Whether [`Gpu::qmv_norm`] runs for `w`: [`Gpu::qgemm`] takes the one-vector GEMV for it,
-    /// with a `_norm` twin (two words a lane: not under `MLASERVE_QMV_WIDE=0`) that fits as
-    /// many CTAs an SM as the plain kernel.
-    pub fn qmv_norm_fits(&self, w: &QMat) -> Result<bool> {
-        if self.qgemm_path(w, 1) != QPath::Gemv || w.rows == 0 || w.w.ptr() == 0 {
+    /// Whether [`Gpu::qmv_norm`] runs for `w` (and `also`, of the same type and width): the
+    /// one-vector GEMV ([`Gpu::qgemm`]'s path for each alone) over their rows together, with a
+    /// `_norm` twin (two words a lane: not under `MLASERVE_QMV_WIDE=0`) that fits as many CTAs
+    /// an SM as the plain kernel.
+    pub fn qmv_norm_fits(&self, w: &QMat, also: Option<&QMat>) -> Result<bool> {
+        let on_gemv =
+            |w: &QMat| self.qgemm_path(w, 1) == QPath::Gemv && w.rows > 0 && w.w.ptr() != 0;
+        if !on_gemv(w) {
             return Ok(false); // (K past the GEMV's, among others: rms_norm, then qgemm)
         }
+        if let Some(b) = also {
+            if b.ty != w.ty || b.cols != w.cols || !on_gemv(b) {
+                return Ok(false);
+            }
+        }
         self.qmv_check(w.ty, w.rows, w.cols)?;
-        let v = self.qmv_kernel_for(w, 1)?;
+        let rows = w.rows + also.map_or(0, |b| b.rows);
+        let v = self.one_vector_for(w.ty, rows, w.cols)?;
         let smem = v.smem_norm(w.cols);
         if !Self::has_norm_twin(v) || smem > self.max_smem_per_block {
             return Ok(false);
@@ -679,7 +703,14 @@ impl Gpu {
     }
 
     /// [`Gpu::qmv_norm`] on the `_norm` twin of kernel `v` (the op table runs each).
-    pub fn qmv_norm_variant(&self, w: &QMat, n: QmvNorm, out: u64, v: QmvVariant) -> Result<()> {
+    pub fn qmv_norm_variant(
+        &self,
+        w: &QMat,
+        n: QmvNorm,
+        out: u64,
+        also: Option<QmvAlso>,
+        v: QmvVariant,
+    ) -> Result<()> {
         self.qmv_check(w.ty, w.rows, w.cols)?;
         let smem = v.smem_norm(w.cols);
         let bulk_ok = !v.bulk || (w.ty == QType::Q4K && self.has_clusters());
@@ -689,18 +720,28 @@ impl Gpu {
                 w.ty
             )));
         }
+        if let Some(a) = also {
+            if a.w.ty != w.ty || a.w.cols != w.cols || a.w.w.ptr() == 0 {
+                return Err(CudaError::Invalid(format!(
+                    "qmv_norm: a second matrix {:?} [{} x {}] beside {:?} [{} x {}] (the same \
+                     type and width, on the device)",
+                    a.w.ty, a.w.rows, a.w.cols, w.ty, w.rows, w.cols
+                )));
+            }
+        }
         if smem > self.max_smem_per_block {
             return Err(CudaError::Invalid(format!(
                 "qmv_norm over width {}: {smem} bytes of shared memory (at most {})",
                 w.cols, self.max_smem_per_block
             )));
         }
-        if w.rows == 0 {
+        let (w1, rows1, out1) = also.map_or((0, 0, 0), |a| (a.w.w.ptr(), a.w.rows, a.out));
+        if w.rows + rows1 == 0 {
             return Ok(());
         }
         let name = format!("{}_norm", v.kernel(w.ty));
-        let grid = v
-            .blocks(w.rows)
+        // the groups of each matrix (a group never spans both)
+        let grid = (v.blocks(w.rows) + v.blocks(rows1))
             .min(self.resident_ctas(&name, 256, smem)?)
             .max(1);
         let cfg = LaunchConfig {
@@ -708,11 +749,23 @@ impl Gpu {
             block_dim: (256, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        let (rows, k) = (w.rows as i32, w.cols as i32);
+        let (rows, k, r1) = (w.rows as i32, w.cols as i32, rows1 as i32);
         self.launch(
             &name,
             cfg,
-            &args![w.w.ptr(), rows, k, out, n.x, n.gamma, n.eps, n.hnb],
+            &args![
+                w.w.ptr(),
+                rows,
+                k,
+                out,
+                n.x,
+                n.gamma,
+                n.eps,
+                n.hnb,
+                w1,
+                r1,
+                out1
+            ],
         )
     }
 
@@ -783,11 +836,16 @@ impl Gpu {
     /// deal the row groups out more evenly ([`w3_evener`]).
     /// Q4_K on sm_90+ takes the bulk kernels ([`QmvVariant::BULK`]) instead, picked the same way.
     fn qmv_one_vector(&self, w: &QMat) -> Result<QmvVariant> {
+        self.one_vector_for(w.ty, w.rows, w.cols)
+    }
+
+    /// [`Gpu::qmv_one_vector`] for a [rows, cols] matrix of `ty`.
+    fn one_vector_for(&self, ty: QType, rows: usize, cols: usize) -> Result<QmvVariant> {
         let mut v = narrow_only(QmvVariant::wide(2, 1));
         if v != QmvVariant::wide(2, 1) {
             return Ok(v);
         }
-        let bulk = w.ty == QType::Q4K && w.cols >= bulk_min_k() && self.has_clusters();
+        let bulk = ty == QType::Q4K && cols >= bulk_min_k() && self.has_clusters();
         let three = if bulk {
             v = QmvVariant::BULK;
             QmvVariant::BULK3
@@ -796,9 +854,9 @@ impl Gpu {
         };
         if w3_allowed() {
             let warps = |v: QmvVariant| -> Result<usize> {
-                Ok(8 * self.resident_ctas(&v.kernel(w.ty), 256, v.smem(w.cols))?)
+                Ok(8 * self.resident_ctas(&v.kernel(ty), 256, v.smem(cols))?)
             };
-            if w3_evener(w.rows.div_ceil(2), warps(v)?, warps(three)?) {
+            if w3_evener(rows.div_ceil(2), warps(v)?, warps(three)?) {
                 v = three;
             }
         }

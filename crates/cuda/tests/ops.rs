@@ -3038,7 +3038,7 @@ fn mmq_x_host(x: &[f32], m: usize, mp: usize, k: usize, q4k: bool) -> (Vec<i8>, 
 /// Q8_0 widths 2080 and 1408 leave partial warp steps; Q4_K 1280 a partial super-block step.
 fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     use mlaserve_backend::QMatrix;
-    use mlaserve_cuda::qgemv::{PairCombine, QPath, QType, QmvNorm, QmvVariant};
+    use mlaserve_cuda::qgemv::{PairCombine, QPath, QType, QmvAlso, QmvNorm, QmvVariant};
     use mlaserve_cuda::qmmq::{q8u_host, x_q8u};
     use rayon::prelude::*;
     // (type, rows, k, sweep every variant)
@@ -3236,17 +3236,62 @@ fn quantized(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             gpu.qmv_variant(&wd, hnb_ref.ptr(), 0, 1, want.ptr(), false, v, None)
                 .unwrap();
             let mism = norm_vs(&want, &|n, out| {
-                gpu.qmv_norm_variant(&wd, n, out, v).unwrap();
+                gpu.qmv_norm_variant(&wd, n, out, None, v).unwrap();
             });
             let name = format!("{} {}_norm vs rms_norm+qmv", shape(1), v.kernel(ty));
             rep.check("qmv_norm", name, "q*i8>f32", mism, 0.0);
         }
-        if gpu.qmv_norm_fits(&wd).unwrap() {
+        // ... with a second matrix of 37 rows (kv_a's place: odd, so its last group is one
+        // row) in the same launch: both outputs bit for bit the plain kernel of hnb.
+        let r2 = 37;
+        let q2 = QMatrix::quantize_from_f32(ggml, r2, k, &rng.vec(r2 * k, 0.05)).unwrap();
+        let w2b = gpu.upload_qmat(ty, r2, k, q2.data()).unwrap();
+        let want2 = poisoned::<f32>(gpu, r2);
+        gpu.qgemm(&w2b, 1, hnb_ref.ptr(), want2.ptr(), false)
+            .unwrap();
+        let want2 = gpu.to_host(&want2).unwrap();
+        let second = |run: &dyn Fn(QmvNorm, u64, QmvAlso)| -> (f64, f64) {
+            let got2 = poisoned::<f32>(gpu, r2);
+            let also = QmvAlso {
+                w: &w2b,
+                out: got2.ptr(),
+            };
             let want = poisoned::<f32>(gpu, rows);
             gpu.qgemm(&wd, 1, hnb_ref.ptr(), want.ptr(), false).unwrap();
-            let mism = norm_vs(&want, &|n, out| gpu.qmv_norm(&wd, n, out).unwrap());
+            let first = norm_vs(&want, &|n, out| run(n, out, also));
+            let got2 = gpu.to_host(&got2).unwrap();
+            let m2 = got2
+                .iter()
+                .zip(&want2)
+                .filter(|(a, b)| a.to_bits() != b.to_bits());
+            (first, m2.count() as f64)
+        };
+        // (every one-vector kernel walks a row's K in the same lanes and order: the same sums)
+        for v in QmvVariant::one_vector(ty) {
+            if !gpu.one_vector_runs(ty, v) {
+                continue;
+            }
+            let (m1, m2) = second(&|n, out, also| {
+                gpu.qmv_norm_variant(&wd, n, out, Some(also), v).unwrap();
+            });
+            let name = format!(
+                "{} + [{r2} x {k}] {}_norm vs rms_norm+qmv",
+                shape(1),
+                v.kernel(ty)
+            );
+            rep.check("qmv_norm", name, "q*i8>f32", m1.max(m2), 0.0);
+        }
+        if gpu.qmv_norm_fits(&wd, None).unwrap() {
+            let want = poisoned::<f32>(gpu, rows);
+            gpu.qgemm(&wd, 1, hnb_ref.ptr(), want.ptr(), false).unwrap();
+            let mism = norm_vs(&want, &|n, out| gpu.qmv_norm(&wd, n, out, None).unwrap());
             let name = format!("{} vs rms_norm+qgemm", shape(1));
             rep.check("qmv_norm", name, "q*i8>f32", mism, 0.0);
+        }
+        if gpu.qmv_norm_fits(&wd, Some(&w2b)).unwrap() {
+            let (m1, m2) = second(&|n, out, also| gpu.qmv_norm(&wd, n, out, Some(also)).unwrap());
+            let name = format!("{} + [{r2} x {k}] vs rms_norm+qgemm", shape(1));
+            rep.check("qmv_norm", name, "q*i8>f32", m1.max(m2), 0.0);
         }
         // out (poisoned, or random when accumulating) after `f`, against `want` (+ base).
         let mut run = |m: usize, acc: bool, want: &[f32], f: &dyn Fn(u64)| -> f64 {

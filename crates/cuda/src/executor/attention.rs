@@ -14,14 +14,14 @@
 //! - The fused paths are taken only where the unfused ones would compute the same rows (their
 //!   knobs compare the two).
 
-use super::{linear, CudaExecutor, GpuCache, MQA_MAX_SPLITS};
+use super::{linear, quant_norm_kv_allowed, CudaExecutor, GpuCache, MQA_MAX_SPLITS};
 use crate::error::{CudaError, Result};
 use crate::gemv::{GemvMat, GemvX};
 use crate::gpu::{DBuf, Gpu};
 use crate::mla_cluster::ClusterAttn;
 use crate::mla_decode::Early;
 use crate::ops::{AttnDims, Gemm, GemmType, KeyLists, KvFinish};
-use crate::qgemv::QmvNorm;
+use crate::qgemv::{QmvAlso, QmvNorm};
 use crate::step_inputs::{KeyListSet, StepInputs};
 use crate::weights::{GLayer, GLinear, GMat};
 use mlaserve_model::layers::dsa::top_k;
@@ -153,11 +153,30 @@ impl CudaExecutor {
                 gpu.gemv_bf16(t, a.cols, x, &mats, false)?;
             }
             (Some(GemvX::Norm { x, gamma, eps, .. }), GLinear::Quant(a), kv_a) => {
-                // The quantized product normalizes x itself and leaves hnb for kv_a (and the
-                // indexer).
-                let hnb = hnb.ptr();
-                gpu.qmv_norm(a, QmvNorm { x, gamma, eps, hnb }, q_in_out)?;
-                linear(gpu, t, hnb, kv_a, kv.ptr(), false)?;
+                // The quantized product normalizes x itself and leaves hnb (for the indexer),
+                // with kv_a in the same launch where it can (one hand-off fewer), else after it
+                // reading hnb.
+                let n = QmvNorm {
+                    x,
+                    gamma,
+                    eps,
+                    hnb: hnb.ptr(),
+                };
+                match kv_a {
+                    GLinear::Quant(b)
+                        if quant_norm_kv_allowed() && gpu.qmv_norm_fits(a, Some(b))? =>
+                    {
+                        let also = QmvAlso {
+                            w: b,
+                            out: kv.ptr(),
+                        };
+                        gpu.qmv_norm(a, n, q_in_out, Some(also))?;
+                    }
+                    _ => {
+                        gpu.qmv_norm(a, n, q_in_out, None)?;
+                        linear(gpu, t, n.hnb, kv_a, kv.ptr(), false)?;
+                    }
+                }
             }
             (Some(_), _, _) => {
                 return Err(CudaError::Invalid(

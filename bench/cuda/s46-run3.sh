@@ -25,5 +25,9 @@ for r in 1 2; do
   echo "== q8 b1 round $r: $(rep $Q8 1 X=1) $(el)" >> $L
   echo "== q8 b1 round $r NORM_KV=0: $(rep $Q8 1 MLASERVE_QMV_NORM_KV=0) $(el)" >> $L
 done
+# 3. Session 45's pairs-on-three-CTAs knob where no slices run (two tokens)
+echo "== q4k b2: $(rep $Q 2 X=1) $(el)" >> $L
+echo "== q4k b2 PAIRS_W3=glu: $(rep $Q 2 MLASERVE_QMV_PAIRS_W3=glu) $(el)" >> $L
+echo "== q4k b2 PAIRS_W3=1: $(rep $Q 2 MLASERVE_QMV_PAIRS_W3=1) $(el)" >> $L
 echo "end $(el)" >> $L
 cat $L

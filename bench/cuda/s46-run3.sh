@@ -3,7 +3,7 @@
 # `MLASERVE_QMV_NORM_KV=0` keeps kv_a's own launch). Pack: `LABS=0 SERVER=0
 # tools/device/pack.sh`, `cp bench/cuda/s46-run3.sh .device/next.sh`; carry [".device"].
 # 1. The quantized op family (the new qmv_norm rows: a second matrix of 37 rows on every
-#    twin and as the executor calls it, bit for bit qgemm of hnb); e2e and graphs by default.
+#    twin and as the executor calls it, bit for bit qgemm of hnb); e2e by default.
 # 2. The Q4_K and Q8_0 V2-Lite b1 steps, the default against MLASERVE_QMV_NORM_KV=0, rounds
 #    interleaved. Predicted: one hand-off fewer a layer, ~2-4 µs, 50-110 µs a step.
 set -u
@@ -15,8 +15,6 @@ echo "== ops quantized rc=$? $(el)" >> $L
 grep -E "qmv_norm .*\+ \[37|FAIL|rows|test result" $OUT/ops.txt | tail -30 >> $L
 timeout 150 $B/e2e --test-threads=2 > $OUT/e2e.txt 2>&1; echo "== e2e rc=$? $(el)" >> $L
 grep -E "test result|FAIL|panicked" $OUT/e2e.txt >> $L
-timeout 150 $B/graphs --test-threads=1 > $OUT/graphs.txt 2>&1; echo "== graphs rc=$? $(el)" >> $L
-grep -E "test result|FAIL|panicked" $OUT/graphs.txt >> $L
 wait
 rep() { m=$1; b=$2; shift 2; timeout 90 env "$@" $B/decode_profile $m --batch $b --ctx 512 --replays 300 2>&1 | grep -iE "median" | head -1; }
 for r in 1 2; do
@@ -28,6 +26,5 @@ done
 # 3. Session 45's pairs-on-three-CTAs knob where no slices run (two tokens)
 echo "== q4k b2: $(rep $Q 2 X=1) $(el)" >> $L
 echo "== q4k b2 PAIRS_W3=glu: $(rep $Q 2 MLASERVE_QMV_PAIRS_W3=glu) $(el)" >> $L
-echo "== q4k b2 PAIRS_W3=1: $(rep $Q 2 MLASERVE_QMV_PAIRS_W3=1) $(el)" >> $L
 echo "end $(el)" >> $L
 cat $L

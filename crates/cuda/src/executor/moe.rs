@@ -12,7 +12,9 @@
 //! experts, where they are, where their shapes allow (weights.rs, `GMoe::slices`), slices of
 //! the expert table that the token takes with weight 1, and the whole FFN is two kernels:
 //! gate|up with the SwiGLU in its epilogue, down with the weighted combine into the residual
-//! in its epilogue.
+//! in its epilogue. For one token of quantized gate|up (the shared and routed ones in one
+//! block type) the shared gate|up is likewise slices in the routed pairs' int8 GEMV; the
+//! shared down then reads their act rows as one vector, adding the routed pairs' combine.
 
 use super::{linear, CudaExecutor};
 use crate::error::{CudaError, Result};
@@ -124,8 +126,9 @@ impl CudaExecutor {
                 let bias = m.bias_dev.as_ref().map_or(0, |b| b.ptr());
                 let rc = route_cfg(m, mc, s);
                 // Decided once, here: the routing fences hnb exactly when the expert GEMV
-                // after it lets its shared slices skip their wait (slices exist only for one
-                // bf16 token, which moe_small takes to the fused kernels).
+                // after it lets its shared slices skip their wait (bf16 slices: one token,
+                // which moe_small takes to the fused kernels; quantized slices wait as every
+                // pair of the int8 GEMV does).
                 let nowait = s > 0 && m.gate_up_ty.is_none() && gpu.shared_nowait(&rc, h);
                 gpu.moe_norm_route(
                     t,

@@ -501,10 +501,11 @@ fn glu_allowed() -> bool {
 /// The expert GEMV's kernel over pairs (`glu`: the gate|up launch with the SwiGLU epilogue):
 /// [`QmvVariant::PAIRS`] (two CTAs an SM, two K steps in flight), or with
 /// `MLASERVE_QMV_PAIRS_W3=1` (every pairs launch) or `=glu` (the gate|up ones) — read once; a
-/// lab knob, off until measured — [`QmvVariant::WIDE3`] (three CTAs an SM, one step): the
-/// same sums bit for bit. Session 45's Q4_K V2-Lite b1 step spends 8.3 µs a layer on the
-/// routed gate|up (19.5 MB, 74% of an H100's read ceiling) whose 44 CTAs a pair walk 4 row
-/// groups a warp; at three CTAs an SM, 66 a pair, a warp walks 2-3 (bench/cuda/v2lite.md).
+/// lab knob, off — [`QmvVariant::WIDE3`] (three CTAs an SM, one step): the same sums bit for
+/// bit. On the Q4_K V2-Lite b1 step before shared slices, `=glu` took 10 µs off 1,485 (H100,
+/// session 46, bench/cuda/v2lite.md); a launch with slices keeps the two-CTA kernel
+/// ([`Gpu::qmv_pairs_glu`]), so one-token steps no longer take it, and 2-4 tokens were not
+/// measured.
 fn pairs_kernel(glu: bool) -> QmvVariant {
     static W3: std::sync::OnceLock<(bool, bool)> = std::sync::OnceLock::new();
     let (all, gate_up) = *W3.get_or_init(|| {

@@ -78,7 +78,7 @@ impl QType {
         k / self.block_values() * self.block_bytes()
     }
 
-    fn tag(self) -> &'static str {
+    pub(crate) fn tag(self) -> &'static str {
         match self {
             QType::Q8_0 => "q8_0",
             QType::Q4K => "q4_k",
@@ -521,7 +521,7 @@ fn pairs_kernel(glu: bool) -> QmvVariant {
 
 /// Whether [`Gpu::qmv_pairs_after`] looks its matrices up before the wait where the caller
 /// allows it (`MLASERVE_QMV_PAIRS_EARLY=0`: never, for comparisons).
-fn pairs_early() -> bool {
+pub(crate) fn pairs_early() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("MLASERVE_QMV_PAIRS_EARLY").map_or(true, |v| v != "0"))
 }

@@ -1379,7 +1379,7 @@ fn op_table_against_cpu() {
     // so each one's inputs are the same in a full run.
     let only = std::env::var("MLASERVE_OPS").ok();
     type Family = fn(&Gpu, &mut Rng, &mut Report);
-    let families: [(&str, Family); 10] = [
+    let families: [(&str, Family); 11] = [
         ("gemms", gemms),
         ("elementwise", elementwise),
         ("attention", attention),
@@ -1390,6 +1390,7 @@ fn op_table_against_cpu() {
         ("moe_grouped", moe_grouped),
         ("quantized", quantized),
         ("argmax", logits_pick),
+        ("qmv_down", qmv_down),
     ];
     if let Some(o) = &only {
         for x in o.split(',') {
@@ -1427,6 +1428,104 @@ fn op_table_against_cpu() {
         std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
     }
     assert!(failed.is_empty(), "ops past their bound: {failed:?}");
+}
+
+/// One token's quantized MoE down in one launch (`qmv_down_comb`, `MLASERVE_QMV_DOWN1`): bit
+/// for bit the two launches it replaces — `qmv_pairs` over the routed pairs into rows y, then
+/// `qmv_combine` of the shared down with y — with ids final and not, routed and shared
+/// matrices of either type, the V2-Lite layer's shapes, an odd row count (the last block's
+/// rows clamped) and slots whose expert is not held or has no pointer (zeros).
+fn qmv_down(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
+    use mlaserve_backend::QMatrix;
+    use mlaserve_cuda::qgemv::{PairCombine, QMat, QType};
+    use mlaserve_cuda::qmv_down::DownPairs;
+    let (q8, q4) = (QType::Q8_0, QType::Q4K);
+    // (routed type, shared type, rows, f, fs, slots, slots 1 and 2 not held)
+    let cases = [
+        (q8, q4, 2048usize, 1408usize, 2816usize, 6usize, false), // the Q4_K V2-Lite layer
+        (q8, q8, 2048, 1408, 2816, 6, false),                     // the Q8_0 one
+        (q4, q4, 301, 512, 1024, 3, true),
+        (q4, q8, 64, 256, 160, 1, false),
+        (q8, q4, 1000, 2048, 2048, 8, true),
+    ];
+    for (ty, sty, rows, f, fs, k, gap) in cases {
+        let quant = |rng: &mut Rng, ty: QType, cols: usize| -> QMat {
+            let v = rng.vec(rows * cols, 0.05);
+            let qm = QMatrix::quantize_from_f32(ty.ggml(), rows, cols, &v).unwrap();
+            gpu.upload_qmat(ty, rows, cols, qm.data()).unwrap()
+        };
+        // 4 distinct experts at ids 2..6, then id 6 held without a pointer
+        let experts: Vec<QMat> = (0..4).map(|_| quant(rng, ty, f)).collect();
+        let mut tab: Vec<u64> = experts.iter().map(|e| e.w.ptr()).collect();
+        tab.push(0);
+        let (first, held) = (2usize, tab.len());
+        let ptrs = gpu.upload(&tab).unwrap();
+        let ids: Vec<i32> = (0..k)
+            .map(|j| match j {
+                1 if gap => 0, // below first: not held
+                2 if gap => 6, // held, no pointer
+                _ => (first + (j * 3) % 4) as i32,
+            })
+            .collect();
+        let idd = gpu.upload(&ids).unwrap();
+        let shared = quant(rng, sty, fs);
+        let act = round_bf(&rng.vec(k * f + fs, 1.0));
+        let act = gpu
+            .upload(&act.iter().map(|&v| bf(v)).collect::<Vec<_>>())
+            .unwrap();
+        let cw = gpu.upload(&rng.vec(k, 1.0)).unwrap();
+        let base = rng.vec(rows, 1.0);
+        let p = DownPairs {
+            ty,
+            w_ptrs: ptrs.ptr(),
+            first,
+            held,
+            ids: idd.ptr(),
+            w: cw.ptr(),
+            k,
+            f,
+        };
+        let shape = format!("{ty:?}+{sty:?} [{rows} x {f}] x{k} + [{rows} x {fs}]");
+        if !gpu.down_comb_fits(&p, &shared) {
+            println!(
+                "qmv_down_comb: {shape} does not fit here (MLASERVE_QMV_WIDE / _COMBINE off?)"
+            );
+            continue;
+        }
+        // the chain it replaces
+        let y = poisoned::<f32>(gpu, k * rows);
+        let pp = (k, ptrs.ptr(), first, held, idd.ptr());
+        gpu.qmv_pairs_after(ty, pp, act.ptr(), f, 1, rows, y.ptr(), false)
+            .unwrap();
+        let want = poisoned::<f32>(gpu, rows);
+        gpu.write(&want, 0, &base).unwrap();
+        let c = PairCombine {
+            y: y.ptr(),
+            w: cw.ptr(),
+            k,
+        };
+        gpu.qmv_combine(&shared, act.at(k * f), want.ptr(), c)
+            .unwrap();
+        let want = gpu.to_host(&want).unwrap();
+        for ids_final in [false, true] {
+            let got = poisoned::<f32>(gpu, rows);
+            gpu.write(&got, 0, &base).unwrap();
+            gpu.qmv_down_comb(p, &shared, act.ptr(), got.ptr(), ids_final)
+                .unwrap();
+            let got = gpu.to_host(&got).unwrap();
+            let mism = got
+                .iter()
+                .zip(&want)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            let name = format!("{shape} ids final {ids_final} vs qmv_pairs+qmv_combine");
+            rep.check("qmv_down_comb", name, "q*i8>f32", mism as f64, 0.0);
+        }
+        let p33 = DownPairs { k: 33, ..p };
+        assert!(gpu
+            .qmv_down_comb(p33, &shared, act.ptr(), 0, false)
+            .is_err());
+    }
 }
 
 fn driver_version() -> String {

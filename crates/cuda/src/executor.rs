@@ -197,13 +197,14 @@ fn quant_norm_allowed() -> bool {
     *ON.get_or_init(|| std::env::var("MLASERVE_QMV_NORM").as_deref() != Ok("0"))
 }
 
-/// `MLASERVE_QMV_NORM_KV=1` (read once; a lab knob, off until measured on a GPU): where the
-/// attention norm runs inside the quantized q_a / q_proj GEMV, kv_a in the same launch (a
-/// quantized kv_a of the same type and width: [`Gpu::qmv_norm`]'s second matrix) instead of a
-/// launch of its own reading hnb; the same bits either way.
+/// Where the attention norm runs inside the quantized q_a / q_proj GEMV, kv_a in the same
+/// launch (a quantized kv_a of the same type and width: [`Gpu::qmv_norm`]'s second matrix)
+/// instead of a launch of its own reading hnb; the same bits either way. V2-Lite b1 on an
+/// H100 (session 47, bench/cuda/v2lite.md): Q4_K 1,405 -> 1,373 µs, Q8_0 1,646 -> 1,615.
+/// `MLASERVE_QMV_NORM_KV=0` (read once): kv_a in a launch of its own, for comparisons.
 pub(crate) fn quant_norm_kv_allowed() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MLASERVE_QMV_NORM_KV").as_deref() == Ok("1"))
+    *ON.get_or_init(|| std::env::var("MLASERVE_QMV_NORM_KV").as_deref() != Ok("0"))
 }
 
 /// out[m, rows] (+)= x[m, cols] . W^T, x bf16, out f32: for bf16 weights the in-house GEMV

@@ -16,97 +16,112 @@
 // not held, or without a pointer, adds zeros, as qmv_pairs' zero rows do), the shared one of
 // type TB [rows, fs] at ws (Q8_0: repacked, the scales after the quants).
 //
-// grid (ceil(rows / QD_RG)), block 256: the block's QD_RG rows against every slot. Item it
-// is slot j = it % (ck + 1) (slot ck: the shared matrix) and row pair g = it / (ck + 1);
-// warp w walks items w, w + 8, ..., each item's K steps in order, with the next QD_DEPTH
-// steps' weights in flight across items (the step record is the same 16-byte words for both
-// types). The slots' matrices are staged in shared memory first; with flags bit 1 (the host
-// vouches that ids are final: the gate|up GEMV over the same ids ran just before and its
-// blocks waited for the routing, as Gpu::qmv_pairs_after) the ids are read through L2 and
-// the first steps requested before the wait on the previous grid. Item sums go to shared
+// grid (ceil(rows / RG)), block 32 NW: the block's RG rows against every slot, as items
+// (slot j, row pair g). The warps split by type, so each walks one block type and a warp's
+// registers are a single-type kernel's (one loop over both types spilled 40 bytes at 128
+// registers, and its Q4_K step was 67 µs slower for it, session 47): warps 0 .. NW - nws
+// walk the routed items, q = w, w + (NW - nws), ... of ck * RG / 2 (j = q % ck, g = q / ck),
+// the last nws the shared ones (nws: the shared share of the items, at least one warp).
+// Each item's K steps in order, the next QD_DEPTH steps' weights in flight across its items.
+// The slots' matrices are staged in shared memory first; with flags bit 1 (the host vouches
+// that ids are final: the gate|up GEMV over the same ids ran just before and its blocks
+// waited for the routing, as Gpu::qmv_pairs_after) the ids are read through L2 and the
+// first steps requested before the wait on the previous grid. Item sums go to shared
 // memory; then a thread a row adds its slots in order.
-#define QD_RG 8     // rows a block (QD_RG / 2 row pairs)
 #define QD_DEPTH 2  // steps in flight a warp (the wide one-vector kernels' depth)
 
-// An item's type, width, steps and x (its offset in act's values): what the compute side needs.
-struct QdWhat {
-    int ty, k, steps, xo;
-};
-
-template <int TA, int TB>
-__device__ __forceinline__ QdWhat qd_what(int it, int ck, int f, int fs) {
-    const int j = it % (ck + 1);
-    QdWhat d;
-    d.ty = j == ck ? TB : TA;
-    d.k = j == ck ? fs : f;
-    d.xo = j * f;
-    // Q8_0: 32 quants a lane; Q4_K: 8 super-blocks a warp
-    d.steps = d.ty == QT_Q8_0 ? (d.k + 1023) >> 10 : ((d.k >> 8) + 7) >> 3;
-    return d;
+// Steps of a row of width k: Q8_0 32 quants a lane; Q4_K 8 super-blocks a warp.
+template <int TY>
+__device__ __forceinline__ int qd_steps(int k) {
+    return TY == QT_Q8_0 ? (k + 1023) >> 10 : ((k >> 8) + 7) >> 3;
 }
 
-// ... and, for the loads, its two rows (clamped to the last row): quants and (Q8_0) scales.
-struct QdItem {
-    QdWhat a;
+// A warp's walk over the items of one type: slots j0 .. j0 + nj, width k, this warp's items
+// q = q0, q0 + dq, ... < items (slot j0 + q % nj, row pair q / nj); the load cursor (step
+// ls of item lq, its two rows' bases) and, for the compute side, the item and step each of
+// the QD_DEPTH slots in flight holds.
+template <int TY>
+struct QdWalk {
+    int j0, nj, k, steps, dq, items, rows, r0, rg;
+    const unsigned long long* tab;
+    float* ys;
+    int lq, ls;
     const unsigned char* w[2];
     const unsigned short* wd[2];
+    int gq[QD_DEPTH], gs[QD_DEPTH];
+
+    // The rows of item lq, after skipping (zeros into ys) those whose matrix is not held.
+    __device__ __forceinline__ void seek(int lane) {
+        for (; lq < items; lq += dq) {
+            const unsigned char* base = (const unsigned char*)tab[j0 + lq % nj];
+            if (base != nullptr) {
+                const int g = lq / nj;
+                const i64 rb = TY == QT_Q8_0 ? (i64)k : (i64)(k >> 8) * 144;
+                const unsigned short* wdb = (const unsigned short*)(base + (i64)rows * k);
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const int row = min(r0 + 2 * g + r, rows - 1);
+                    w[r] = base + row * rb;
+                    wd[r] = wdb + (i64)row * (k >> 5);
+                }
+                return;
+            }
+            if (lane == 0) {
+                float* y = ys + (j0 + lq % nj) * rg + 2 * (lq / nj);
+                y[0] = 0.f;
+                y[1] = 0.f;
+            }
+        }
+    }
+
+    // The load cursor's step into st (as qmv_t's load for NQ = 2), noted in slot d, and
+    // advances; past the last item it notes none.
+    __device__ __forceinline__ void load(QmvStep<TY, 2, 2>& st, int d, int lane) {
+        gq[d] = lq;
+        gs[d] = ls;
+        if (lq >= items) return;
+        if (TY == QT_Q8_0) {
+            const int c = ls * 1024 + lane * 32;
+            if (c < k) {
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    st.q[r][0] = ldg16(w[r] + c);
+                    st.q[r][1] = ldg16(w[r] + c + 16);
+                    st.hd[r].x = __ldg(wd[r] + (c >> 5));
+                }
+            }
+        } else {
+            const int sb = ls * 8 + (lane >> 2), h = lane & 3;
+            if (sb < (k >> 8)) {
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const unsigned char* blk = w[r] + sb * 144;
+                    st.hd[r] = ldg16(blk);
+                    st.q[r][0] = ldg16(blk + 16 + 32 * h);
+                    st.q[r][1] = ldg16(blk + 32 + 32 * h);
+                }
+            }
+        }
+        if (++ls == steps) {
+            ls = 0;
+            lq += dq;
+            seek(lane);
+        }
+    }
 };
 
-template <int TA, int TB>
-__device__ __forceinline__ QdItem qd_item(int it, int ck, const unsigned long long* tab, int f,
-                                          int fs, int rows, int r0) {
-    QdItem d;
-    d.a = qd_what<TA, TB>(it, ck, f, fs);
-    const int k = d.a.k, g = it / (ck + 1);
-    const unsigned char* base = (const unsigned char*)tab[it % (ck + 1)];
-    if (base == nullptr) d.a.steps = 0;  // not held: adds zeros
-    const i64 rb = d.a.ty == QT_Q8_0 ? (i64)k : (i64)(k >> 8) * 144;
-    const unsigned short* wdb = (const unsigned short*)(base + (i64)rows * k);
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int row = min(r0 + 2 * g + r, rows - 1);
-        d.w[r] = base + row * rb;
-        d.wd[r] = wdb + (i64)row * (k >> 5);
-    }
-    return d;
-}
-
-// Step s of item d into st (as qmv_t's load for NQ = 2).
-__device__ __forceinline__ void qd_load(const QdItem& d, int s, int lane, QmvStep<QT_Q8_0, 2, 2>& st) {
-    if (d.a.ty == QT_Q8_0) {
-        const int c = s * 1024 + lane * 32;
-        if (c < d.a.k) {
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                st.q[r][0] = ldg16(d.w[r] + c);
-                st.q[r][1] = ldg16(d.w[r] + c + 16);
-                st.hd[r].x = __ldg(d.wd[r] + (c >> 5));
-            }
-        }
-    } else {
-        const int sb = s * 8 + (lane >> 2), h = lane & 3;
-        if (sb < (d.a.k >> 8)) {
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const unsigned char* blk = d.w[r] + sb * 144;
-                st.hd[r] = ldg16(blk);
-                st.q[r][0] = ldg16(blk + 16 + 32 * h);
-                st.q[r][1] = ldg16(blk + 32 + 32 * h);
-            }
-        }
-    }
-}
-
-// Step s of item d against the quantized x (qmv_t's sums for NQ = 2, MT = 1).
-__device__ __forceinline__ void qd_step(const QdWhat& d, int s, int lane,
-                                        const QmvStep<QT_Q8_0, 2, 2>& cur, const signed char* xq,
+// Step s of an item of width k at x offset xo against the quantized x (qmv_t's sums for
+// NQ = 2, MT = 1).
+template <int TY>
+__device__ __forceinline__ void qd_step(int k, int xo0, int s, int lane,
+                                        const QmvStep<TY, 2, 2>& cur, const signed char* xq,
                                         const float* xd, const float* xs, float* acc) {
-    if (d.ty == QT_Q8_0) {
+    if (TY == QT_Q8_0) {
         const int c = s * 1024 + lane * 32;
-        if (c < d.k) {
-            const signed char* xv = xq + d.xo + c;
+        if (c < k) {
+            const signed char* xv = xq + xo0 + c;
             const uint4 x0 = *(const uint4*)xv, x1 = *(const uint4*)(xv + 16);
-            const float dx = xd[((d.xo + c) >> 5)];
+            const float dx = xd[(xo0 + c) >> 5];
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const float dw = h2f((unsigned short)cur.hd[r].x);
@@ -117,30 +132,23 @@ __device__ __forceinline__ void qd_step(const QdWhat& d, int s, int lane,
         }
     } else {
         const int sb = s * 8 + (lane >> 2), h = lane & 3;
-        if (sb < (d.k >> 8)) {
-            const int xo = d.xo + sb * 256 + 64 * h, bi = xo >> 5;
+        if (sb < (k >> 8)) {
+            const int xo = xo0 + sb * 256 + 64 * h, bi = xo >> 5;
             const uint4* xv = (const uint4*)(xq + xo);
-            // the integer sums word by word (x's registers for one word at a time; integer
-            // sums in any order are the same)
-            int s0[2] = {0, 0}, s1[2] = {0, 0};
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const uint4 xa = xv[j], xb = xv[2 + j];
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    s0[r] = dp4a4(nib_lo(cur.q[r][j]), xa, s0[r]);
-                    s1[r] = dp4a4_hi16(cur.q[r][j], xb, s1[r]);
-                }
-            }
+            const uint4 xa0 = xv[0], xa1 = xv[1], xb0 = xv[2], xb1 = xv[3];
             const float dx0 = xd[bi], dx1 = xd[bi + 1] * 0.0625f;  // hi nibbles: 16 q
             const float sx0 = xs[bi], sx1 = xs[bi + 1];
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 float d0, d1, m0, m1;
                 q4k_pair(cur.hd[r], h, d0, d1, m0, m1);
+                int s0 = dp4a4(nib_lo(cur.q[r][0]), xa0, 0);
+                int s1 = dp4a4_hi16(cur.q[r][0], xb0, 0);
+                s0 = dp4a4(nib_lo(cur.q[r][1]), xa1, s0);
+                s1 = dp4a4_hi16(cur.q[r][1], xb1, s1);
                 float a = acc[r];
-                a = fmaf((float)s0[r], d0 * dx0, a);
-                a = fmaf((float)s1[r], d1 * dx1, a);
+                a = fmaf((float)s0, d0 * dx0, a);
+                a = fmaf((float)s1, d1 * dx1, a);
                 a = fmaf(-m0, sx0, a);
                 acc[r] = fmaf(-m1, sx1, a);
             }
@@ -148,7 +156,65 @@ __device__ __forceinline__ void qd_step(const QdWhat& d, int s, int lane,
     }
 }
 
-template <int TA, int TB>
+// The compute side of a walk (after x is quantized): each step in load order, the step
+// QD_DEPTH ahead requested before it is computed; an item's sums into ys at its last step.
+template <int TY>
+__device__ __forceinline__ void qd_run(QdWalk<TY>& wk, QmvStep<TY, 2, 2>* pre, int f, int lane,
+                                       const signed char* xq, const float* xd, const float* xs) {
+    float acc[2] = {0.f, 0.f};
+    for (bool more = true; more;) {
+#pragma unroll
+        for (int d = 0; d < QD_DEPTH; d++) {
+            if (wk.gq[d] >= wk.items) {
+                more = false;
+                break;
+            }
+            const QmvStep<TY, 2, 2> cur = pre[d];
+            const int q = wk.gq[d], s = wk.gs[d];
+            wk.load(pre[d], d, lane);
+            const int j = wk.j0 + q % wk.nj;
+            qd_step<TY>(wk.k, j * f, s, lane, cur, xq, xd, xs, acc);
+            if (s == wk.steps - 1) {
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const float t = warp_sum(acc[r]);
+                    acc[r] = 0.f;
+                    if (lane == 0) wk.ys[j * wk.rg + 2 * (q / wk.nj) + r] = t;
+                }
+            }
+        }
+    }
+}
+
+// A warp's walk: its role's items, the first QD_DEPTH steps requested now.
+template <int TY>
+__device__ __forceinline__ void qd_start(QdWalk<TY>& wk, QmvStep<TY, 2, 2>* pre, int j0, int nj,
+                                         int k, int q0, int dq, int rg, int rows, int r0,
+                                         const unsigned long long* tab, float* ys, int lane) {
+    wk.j0 = j0;
+    wk.nj = nj;
+    wk.k = k;
+    wk.steps = qd_steps<TY>(k);
+    wk.dq = dq;
+    wk.items = nj * (rg / 2);
+    wk.rows = rows;
+    wk.r0 = r0;
+    wk.rg = rg;
+    wk.tab = tab;
+    wk.ys = ys;
+    wk.lq = q0;
+    wk.ls = 0;
+    wk.seek(lane);
+#pragma unroll
+    for (int d = 0; d < QD_DEPTH; d++) wk.load(pre[d], d, lane);
+}
+
+// Warps of NW that walk the shared items: their share of the items, at least one.
+__device__ __forceinline__ int qd_shared_warps(int nw, int ck) {
+    return max(1, (nw + ck / 2) / (ck + 1));
+}
+
+template <int TA, int TB, int RG, int NW>
 __device__ __forceinline__ void qmv_down_comb_t(const unsigned long long* __restrict__ w_ptrs,
                                                 int first, int held, const int* __restrict__ ids,
                                                 int ck, const float* __restrict__ cw,
@@ -156,16 +222,16 @@ __device__ __forceinline__ void qmv_down_comb_t(const unsigned long long* __rest
                                                 unsigned long long ws, int fs, int rows,
                                                 float* __restrict__ out, int flags) {
     extern __shared__ __align__(16) unsigned char qd_smem[];
-    // x: xq [n] int8, xd [n / 32], xs [n / 32]; the item sums ys [ck + 1][QD_RG]; the
-    // slots' matrices tab [ck + 1]
+    // x: xq [n] int8, xd [n / 32], xs [n / 32]; the item sums ys [ck + 1][RG]; the slots'
+    // matrices tab [ck + 1]
     const int n = ck * f + fs, nb = n >> 5;
     signed char* xq = (signed char*)qd_smem;
     float* xd = (float*)(qd_smem + n);
     float* xs = xd + nb;
     float* ys = xs + nb;
     // (n % 32 == 0: every region starts 8-byte aligned)
-    unsigned long long* tab = (unsigned long long*)(ys + (ck + 1) * QD_RG);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r0 = blockIdx.x * QD_RG;
+    unsigned long long* tab = (unsigned long long*)(ys + (ck + 1) * RG);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r0 = blockIdx.x * RG;
     const bool early = flags & 2;
     if (!early) MLA_PDL();  // the routing's ids pick the matrices
     if ((int)threadIdx.x <= ck) {
@@ -178,96 +244,55 @@ __device__ __forceinline__ void qmv_down_comb_t(const unsigned long long* __rest
         tab[j] = p;
     }
     __syncthreads();
-    const int items = (ck + 1) * (QD_RG / 2);
-    // the load cursor: step ls of item li (ld: its description)
-    int li = warp, ls = 0;
-    QdItem ld = qd_item<TA, TB>(li, ck, tab, f, fs, rows, r0);
-    // items with no steps (not held) are skipped by the loads; the compute side sees them
-    auto advance = [&]() {
-        if (++ls >= ld.a.steps) {
-            ls = 0;
-            li += 8;
-            if (li < items) ld = qd_item<TA, TB>(li, ck, tab, f, fs, rows, r0);
-        }
-    };
-    auto load = [&](QmvStep<QT_Q8_0, 2, 2>& st, int& gi, int& gs) {
-        // skip items without steps (their sums are zeros, written below)
-        while (li < items && ld.a.steps == 0) {
-            if (lane == 0) {
-                const int j = li % (ck + 1), g = li / (ck + 1);
-                ys[j * QD_RG + 2 * g] = 0.f;
-                ys[j * QD_RG + 2 * g + 1] = 0.f;
-            }
-            li += 8;
-            if (li < items) ld = qd_item<TA, TB>(li, ck, tab, f, fs, rows, r0);
-        }
-        gi = li;
-        gs = ls;
-        if (li >= items) return;
-        qd_load(ld, ls, lane, st);
-        advance();
-    };
-    QmvStep<QT_Q8_0, 2, 2> pre[QD_DEPTH];
-    int gi[QD_DEPTH], gs[QD_DEPTH];
-#pragma unroll
-    for (int d = 0; d < QD_DEPTH; d++) load(pre[d], gi[d], gs[d]);
+    const int nws = qd_shared_warps(NW, ck), nwr = NW - nws;
+    const bool routed = warp < nwr;
+    // one step record for either role (the same layout whatever the type; Q8_0 reads hd's
+    // .x): two arrays would both be live where the roles meet, at the quantization below
+    QmvStep<TA, 2, 2> pa[QD_DEPTH];
+    QmvStep<TB, 2, 2>* pb = (QmvStep<TB, 2, 2>*)pa;
+    QdWalk<TA> wa;
+    QdWalk<TB> wb;
+    if (routed)
+        qd_start<TA>(wa, pa, 0, ck, f, warp, nwr, RG, rows, r0, tab, ys, lane);
+    else
+        qd_start<TB>(wb, pb, ck, 1, fs, warp - nwr, nws, RG, rows, r0, tab, ys, lane);
     if (early) MLA_PDL();
     for (int b = threadIdx.x; b < nb; b += blockDim.x)
         q8_block(act + b * 32, xq + b * 32, xd[b], xs[b]);
     __syncthreads();
-    float acc[2] = {0.f, 0.f};
-    int ci = -1;  // the compute cursor's item
-    QdWhat cd;
-    for (bool more = true; more;) {
-#pragma unroll
-        for (int d = 0; d < QD_DEPTH; d++) {
-            if (gi[d] >= items) {
-                more = false;
-                break;
-            }
-            const QmvStep<QT_Q8_0, 2, 2> cur = pre[d];
-            const int it = gi[d], s = gs[d];
-            load(pre[d], gi[d], gs[d]);
-            if (it != ci) {
-                ci = it;
-                cd = qd_what<TA, TB>(it, ck, f, fs);
-            }
-            qd_step(cd, s, lane, cur, xq, xd, xs, acc);
-            if (s == cd.steps - 1) {
-                const int j = it % (ck + 1), g = it / (ck + 1);
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    const float t = warp_sum(acc[r]);
-                    acc[r] = 0.f;
-                    if (lane == 0) ys[j * QD_RG + 2 * g + r] = t;
-                }
-            }
-        }
-    }
+    if (routed)
+        qd_run<TA>(wa, pa, f, lane, xq, xd, xs);
+    else
+        qd_run<TB>(wb, pb, f, lane, xq, xd, xs);
     __syncthreads();
     // a thread a row: the routed slots in order (moe_combine_pairs's sum), then the shared
     // product, as `_comb` adds them
     const int row = r0 + threadIdx.x;
-    if ((int)threadIdx.x < QD_RG && row < rows) {
+    if ((int)threadIdx.x < RG && row < rows) {
         float c = 0.f;
-        for (int j = 0; j < ck; j++) c += cw[j] * ys[j * QD_RG + threadIdx.x];
+        for (int j = 0; j < ck; j++) c += cw[j] * ys[j * RG + threadIdx.x];
         float* o = out + row;
         const float o1 = *o + c;
-        *o = o1 + ys[ck * QD_RG + threadIdx.x];
+        *o = o1 + ys[ck * RG + threadIdx.x];
     }
 }
 
-// qmv_down_comb_<routed type>_<shared type>
-#define QMV_DOWN_COMB(TAN, TA, TBN, TB)                                                         \
-    extern "C" __global__ void __launch_bounds__(256, 2) qmv_down_comb_##TAN##_##TBN(           \
-        const unsigned long long* w_ptrs, int first, int held, const int* ids, int ck,          \
-        const float* cw, const bf16* act, int f, unsigned long long ws, int fs, int rows,      \
-        float* out, int flags) {                                                                \
+// qmv_down_comb_<routed type>_<shared type>: 8 rows a block of 8 warps, two blocks an SM;
+// `_r16`: 16 rows a block of 16 warps, one block an SM (x quantized half as many times).
+#define QMV_DOWN_COMB(TAN, TA, TBN, TB, SUF, RG, NW, MINB)                                      \
+    extern "C" __global__ void __launch_bounds__(32 * NW, MINB)                                 \
+        qmv_down_comb_##TAN##_##TBN##SUF(const unsigned long long* w_ptrs, int first, int held, \
+                                         const int* ids, int ck, const float* cw,               \
+                                         const bf16* act, int f, unsigned long long ws, int fs, \
+                                         int rows, float* out, int flags) {                     \
         MLA_WEIGHTS_FIRST(); /* waits after the early lookups and loads (flags bit 1) */        \
-        qmv_down_comb_t<TA, TB>(w_ptrs, first, held, ids, ck, cw, act, f, ws, fs, rows, out,    \
-                                flags);                                                         \
+        qmv_down_comb_t<TA, TB, RG, NW>(w_ptrs, first, held, ids, ck, cw, act, f, ws, fs, rows, \
+                                        out, flags);                                            \
     }
-QMV_DOWN_COMB(q8_0, QT_Q8_0, q8_0, QT_Q8_0)
-QMV_DOWN_COMB(q8_0, QT_Q8_0, q4_k, QT_Q4_K)
-QMV_DOWN_COMB(q4_k, QT_Q4_K, q4_k, QT_Q4_K)
-QMV_DOWN_COMB(q4_k, QT_Q4_K, q8_0, QT_Q8_0)
+#define QMV_DOWN_COMB2(TAN, TA, TBN, TB)              \
+    QMV_DOWN_COMB(TAN, TA, TBN, TB, , 8, 8, 2)        \
+    QMV_DOWN_COMB(TAN, TA, TBN, TB, _r16, 16, 16, 1)
+QMV_DOWN_COMB2(q8_0, QT_Q8_0, q8_0, QT_Q8_0)
+QMV_DOWN_COMB2(q8_0, QT_Q8_0, q4_k, QT_Q4_K)
+QMV_DOWN_COMB2(q4_k, QT_Q4_K, q4_k, QT_Q4_K)
+QMV_DOWN_COMB2(q4_k, QT_Q4_K, q8_0, QT_Q8_0)

@@ -9,8 +9,10 @@
 //! same warp sum — and the epilogue adds them in `_comb`'s order), so the fused launch is
 //! taken only where those two would run on the wide kernels ([`Gpu::down_comb_fits`]). The
 //! routed and the shared matrices may be of different block types (the Q4_K V2-Lite model's
-//! routed down is Q8_0 at K = 1,408, its shared down Q4_K). A lab knob, off until a GPU has
-//! timed it: `MLASERVE_QMV_DOWN1=1`.
+//! routed down is Q8_0 at K = 1,408, its shared down Q4_K). Two kernels: 8 rows a block of 8
+//! warps ([`QmvDown::R8`]) or 16 rows of 16 warps ([`QmvDown::R16`]: each block quantizes act
+//! for twice the rows). A lab knob, off until a GPU has timed it: `MLASERVE_QMV_DOWN1=1`
+//! (R8) or `=16` (R16).
 
 use crate::args;
 use crate::error::{CudaError, Result};
@@ -18,8 +20,32 @@ use crate::gpu::Gpu;
 use crate::qgemv::{QMat, QType, QMV_MAX_K};
 use cudarc::driver::LaunchConfig;
 
-/// Rows a block of the fused kernel owns (qmv_down.cu's QD_RG).
-const QD_RG: usize = 8;
+/// The fused kernel's block: rows a block and warps (qmv_down.cu's QMV_DOWN_COMB2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QmvDown {
+    /// 8 rows, 8 warps, two blocks an SM.
+    R8,
+    /// 16 rows, 16 warps, one block an SM.
+    R16,
+}
+
+impl QmvDown {
+    pub const ALL: [QmvDown; 2] = [QmvDown::R8, QmvDown::R16];
+
+    fn rows(self) -> usize {
+        match self {
+            QmvDown::R8 => 8,
+            QmvDown::R16 => 16,
+        }
+    }
+
+    fn suffix(self) -> &'static str {
+        match self {
+            QmvDown::R8 => "",
+            QmvDown::R16 => "_r16",
+        }
+    }
+}
 
 /// The routed side of [`Gpu::qmv_down_comb`]: one token's `k` pairs, routed expert ids `ids`
 /// [k] (i32; index ids[j] - first into `w_ptrs` [held] pointers to [rows, f] down matrices of
@@ -36,18 +62,22 @@ pub struct DownPairs {
     pub f: usize,
 }
 
-/// `MLASERVE_QMV_DOWN1=1` (read once): the executor takes [`Gpu::qmv_down_comb`] where it
-/// fits. Off until timed on a GPU.
-pub fn down1_allowed() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MLASERVE_QMV_DOWN1").is_ok_and(|v| v == "1"))
+/// `MLASERVE_QMV_DOWN1=1` / `=16` (read once): the executor takes [`Gpu::qmv_down_comb`] on
+/// that kernel where it fits. Off until timed on a GPU.
+pub fn down1_kernel() -> Option<QmvDown> {
+    static ON: std::sync::OnceLock<Option<QmvDown>> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| match std::env::var("MLASERVE_QMV_DOWN1").as_deref() {
+        Ok("1") => Some(QmvDown::R8),
+        Ok("16") => Some(QmvDown::R16),
+        _ => None,
+    })
 }
 
-/// Dynamic shared memory of the fused kernel: act quantized (`n` int8 and two f32 per 32),
-/// the item sums [k + 1][QD_RG] f32 and the slots' matrices [k + 1] u64.
-fn smem(k: usize, f: usize, fs: usize) -> usize {
+/// Dynamic shared memory of the fused kernel `v`: act quantized (`n` int8 and two f32 per
+/// 32), the item sums [k + 1][rows a block] f32 and the slots' matrices [k + 1] u64.
+fn smem(v: QmvDown, k: usize, f: usize, fs: usize) -> usize {
     let n = k * f + fs;
-    n + n / 32 * 8 + (k + 1) * QD_RG * 4 + (k + 1) * 8
+    n + n / 32 * 8 + (k + 1) * v.rows() * 4 + (k + 1) * 8
 }
 
 impl Gpu {
@@ -55,7 +85,7 @@ impl Gpu {
     /// 1..=32 slots, f a multiple of the routed type's block, both widths at most the GEMV's,
     /// its shared memory here, and the two launches it replaces on the wide one-vector
     /// kernels (`MLASERVE_QMV_WIDE`, `MLASERVE_QMV_COMBINE` on, [`Gpu::combine_fits`]).
-    pub fn down_comb_fits(&self, p: &DownPairs, shared: &QMat) -> bool {
+    pub fn down_comb_fits(&self, p: &DownPairs, shared: &QMat, v: QmvDown) -> bool {
         (1..=32).contains(&p.k)
             && p.f > 0
             && p.f.is_multiple_of(p.ty.block_values())
@@ -63,7 +93,7 @@ impl Gpu {
             && shared.cols <= QMV_MAX_K
             && shared.rows > 0
             && self.combine_fits(shared, 1, p.k)
-            && smem(p.k, p.f, shared.cols) <= self.max_smem_per_block
+            && smem(v, p.k, p.f, shared.cols) <= self.max_smem_per_block
     }
 
     /// `out[r] = (out[r] + sum_j p.w[j] * (W_{ids[j]}[r, :] . act[j, :f])) + shared[r, :] .
@@ -80,8 +110,9 @@ impl Gpu {
         act: u64,
         out: u64,
         ids_final: bool,
+        v: QmvDown,
     ) -> Result<()> {
-        if !self.down_comb_fits(&p, shared) {
+        if !self.down_comb_fits(&p, shared, v) {
             return Err(CudaError::Invalid(format!(
                 "qmv_down_comb: {k} slots of {ty:?} [{rows} x {f}] beside a shared {sty:?} \
                  [{rows} x {fs}] (1..=32 slots, widths multiples of the block and at most \
@@ -93,19 +124,21 @@ impl Gpu {
                 f = p.f,
                 sty = shared.ty,
                 fs = shared.cols,
-                smem = smem(p.k, p.f, shared.cols),
+                smem = smem(v, p.k, p.f, shared.cols),
                 max = self.max_smem_per_block,
             )));
         }
-        let name = format!("qmv_down_comb_{}_{}", p.ty.tag(), shared.ty.tag());
-        let smem = smem(p.k, p.f, shared.cols);
+        let (tag, sfx) = (p.ty.tag(), v.suffix());
+        let name = format!("qmv_down_comb_{tag}_{}{sfx}", shared.ty.tag());
+        let smem = smem(v, p.k, p.f, shared.cols);
+        let threads = 32 * v.rows(); // as many warps as rows
         if smem > 48 << 10 {
             // (opts the kernel in once; cached)
-            self.resident_ctas(&name, 256, smem)?;
+            self.resident_ctas(&name, threads, smem)?;
         }
         let cfg = LaunchConfig {
-            grid_dim: (shared.rows.div_ceil(QD_RG) as u32, 1, 1),
-            block_dim: (256, 1, 1),
+            grid_dim: (shared.rows.div_ceil(v.rows()) as u32, 1, 1),
+            block_dim: (threads as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
         let (first, held, k) = (p.first as i32, p.held as i32, p.k as i32);
@@ -125,14 +158,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn block_rows_are_the_kernels() {
-        let def = format!("#define QD_RG {QD_RG} ");
-        assert!(crate::kernels::SOURCE.contains(&def), "qmv_down.cu: {def}");
+    fn blocks_are_the_kernels() {
+        for v in QmvDown::ALL {
+            let (r, sfx) = (v.rows(), v.suffix());
+            let def = format!("QMV_DOWN_COMB(TAN, TA, TBN, TB, {sfx}, {r}, {r}, ");
+            assert!(crate::kernels::SOURCE.contains(&def), "qmv_down.cu: {def}");
+            for (a, b) in [
+                ("q8_0", "q8_0"),
+                ("q8_0", "q4_k"),
+                ("q4_k", "q4_k"),
+                ("q4_k", "q8_0"),
+            ] {
+                let name = format!("qmv_down_comb_{a}_{b}{sfx}");
+                assert!(crate::kernels::NAMES.contains(&name.as_str()), "{name}");
+            }
+        }
     }
 
     #[test]
     fn shared_memory_of_the_v2_lite_layer() {
         // 8,448 + 2,816 int8 of act, 352 blocks' d and d * sum, 7 x 8 sums, 7 pointers
-        assert_eq!(smem(6, 1408, 2816), 11_264 + 352 * 8 + 7 * 8 * 4 + 7 * 8);
+        let sm = smem(QmvDown::R8, 6, 1408, 2816);
+        assert_eq!(sm, 11_264 + 352 * 8 + 7 * 8 * 4 + 7 * 8);
     }
 }

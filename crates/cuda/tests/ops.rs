@@ -1438,7 +1438,7 @@ fn op_table_against_cpu() {
 fn qmv_down(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
     use mlaserve_backend::QMatrix;
     use mlaserve_cuda::qgemv::{PairCombine, QMat, QType};
-    use mlaserve_cuda::qmv_down::DownPairs;
+    use mlaserve_cuda::qmv_down::{DownPairs, QmvDown, QmvDown::R16, QmvDown::R8};
     let (q8, q4) = (QType::Q8_0, QType::Q4K);
     // (routed type, shared type, rows, f, fs, slots, slots 1 and 2 not held)
     let cases = [
@@ -1486,7 +1486,10 @@ fn qmv_down(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             f,
         };
         let shape = format!("{ty:?}+{sty:?} [{rows} x {f}] x{k} + [{rows} x {fs}]");
-        if !gpu.down_comb_fits(&p, &shared) {
+        if !QmvDown::ALL
+            .iter()
+            .all(|&v| gpu.down_comb_fits(&p, &shared, v))
+        {
             println!(
                 "qmv_down_comb: {shape} does not fit here (MLASERVE_QMV_WIDE / _COMBINE off?)"
             );
@@ -1507,10 +1510,10 @@ fn qmv_down(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
         gpu.qmv_combine(&shared, act.at(k * f), want.ptr(), c)
             .unwrap();
         let want = gpu.to_host(&want).unwrap();
-        for ids_final in [false, true] {
+        for (v, ids_final) in [(R8, false), (R8, true), (R16, false), (R16, true)] {
             let got = poisoned::<f32>(gpu, rows);
             gpu.write(&got, 0, &base).unwrap();
-            gpu.qmv_down_comb(p, &shared, act.ptr(), got.ptr(), ids_final)
+            gpu.qmv_down_comb(p, &shared, act.ptr(), got.ptr(), ids_final, v)
                 .unwrap();
             let got = gpu.to_host(&got).unwrap();
             let mism = got
@@ -1518,12 +1521,12 @@ fn qmv_down(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
                 .zip(&want)
                 .filter(|(a, b)| a.to_bits() != b.to_bits())
                 .count();
-            let name = format!("{shape} ids final {ids_final} vs qmv_pairs+qmv_combine");
+            let name = format!("{shape} {v:?} ids final {ids_final} vs qmv_pairs+qmv_combine");
             rep.check("qmv_down_comb", name, "q*i8>f32", mism as f64, 0.0);
         }
         let p33 = DownPairs { k: 33, ..p };
         assert!(gpu
-            .qmv_down_comb(p33, &shared, act.ptr(), 0, false)
+            .qmv_down_comb(p33, &shared, act.ptr(), 0, false, R8)
             .is_err());
     }
 }

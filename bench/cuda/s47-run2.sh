@@ -15,8 +15,6 @@ H200=0; nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && H200
 MLASERVE_OPS=qmv_down timeout 120 $B/ops --test-threads=1 --nocapture > $OUT/ops.txt 2>&1
 echo "== ops qmv_down rc=$? $(el)" >> $L
 grep -E "qmv_down_comb|FAIL|rows|test result|does not fit" $OUT/ops.txt | tail -24 >> $L
-MLASERVE_QMV_PAIRS_W3=1 MLASERVE_OPS=qmv_down timeout 120 $B/ops --test-threads=1 --nocapture > $OUT/ops-w3.txt 2>&1
-echo "== ops qmv_down PAIRS_W3=1 rc=$? $(el)" >> $L; grep -E "test result" $OUT/ops-w3.txt >> $L
 for d in 0 1 16; do
   MLASERVE_QMV_DOWN1=$d timeout 100 $B/e2e --test-threads=2 > $OUT/e2e-$d.txt 2>&1; echo "== e2e DOWN1=$d rc=$? $(el)" >> $L
   grep -E "test result|FAIL|panicked" $OUT/e2e-$d.txt >> $L

@@ -5,7 +5,8 @@
 # times); and kv_a in the norm launch, now the default, against `MLASERVE_QMV_NORM_KV=0`.
 # On an H200 also item 2's bf16 b1 figure (none since session 40).
 # Pack: `LABS=0 SERVER=0 tools/device/pack.sh`, `cp bench/cuda/s47-run2.sh .device/next.sh`;
-# carry [".device"], `bash .device/next.sh` (~170 s on an H100, ~300 s on an H200).
+# carry [".device"], `bash .device/next.sh` (~220 s on an H100, ~350 s on an H200; the
+# last two lines compile the kernels once more with -DQD_LAB_NOQ).
 set -u
 RUN=s47-run2; . tools/device/prelude.sh
 Q=/tmp/v2-q4k.gguf; Q8=/tmp/v2-q8.gguf; M=/tmp/v2-bf16t.gguf
@@ -38,5 +39,9 @@ echo "== q4k b1 DOWN1=1 twice: $(rep $Q 1 MLASERVE_QMV_DOWN1=1 $T=qmv_down_comb_
 echo "== q4k b1 DOWN1=16 twice: $(rep $Q 1 MLASERVE_QMV_DOWN1=16 $T=qmv_down_comb_q8_0_q4_k_r16) $(el)" >> $L
 echo "== q4k b1 twice qmv_q8_0_r2m1w: $(rep $Q 1 $T=qmv_q8_0_r2m1w) $(el)" >> $L
 echo "== q4k b1 twice qmv_q4_k_r2m1w_comb: $(rep $Q 1 $T=qmv_q4_k_r2m1w_comb) $(el)" >> $L
+# what quantizing act in every block costs the fused down (a timing lab: wrong sums)
+rq() { timeout 150 env "$@" $B/decode_profile $Q --batch 1 --ctx 512 --replays 300 2>&1 | grep -iE "median" | head -1; }
+echo "== q4k b1 DOWN1=1 QD_LAB_NOQ: $(rq MLASERVE_QMV_DOWN1=1 MLASERVE_KERNEL_DEFINES=-DQD_LAB_NOQ) $(el)" >> $L
+echo "== q4k b1 DOWN1=16 QD_LAB_NOQ: $(rq MLASERVE_QMV_DOWN1=16 MLASERVE_KERNEL_DEFINES=-DQD_LAB_NOQ) $(el)" >> $L
 echo "end $(el)" >> $L
 cat $L

@@ -257,8 +257,10 @@ __device__ __forceinline__ void qmv_down_comb_t(const unsigned long long* __rest
     else
         qd_start<TB>(wb, pb, ck, 1, fs, warp - nwr, nws, RG, rows, r0, tab, ys, lane);
     if (early) MLA_PDL();
+#ifndef QD_LAB_NOQ  // a timing lab (MLASERVE_KERNEL_DEFINES=-DQD_LAB_NOQ): x never made, wrong sums
     for (int b = threadIdx.x; b < nb; b += blockDim.x)
         q8_block(act + b * 32, xq + b * 32, xd[b], xs[b]);
+#endif
     __syncthreads();
     if (routed)
         qd_run<TA>(wa, pa, f, lane, xq, xd, xs);

@@ -275,6 +275,41 @@ struct QmvStep {
     uint4 hd[R];  // Q4_K header; Q8_0: .x holds the f16 scale
 };
 
+// A lane's loads of one step, shared by the kernels that walk these steps (qmv_t,
+// qmv_down.cu), so they read the same words: step ls of R rows (bases lw, Q8_0 scales lwd)
+// of width k into st; nothing past the row's end.
+// - Q8_0: 16 * NQ quants and their scale from column ls * 512 NQ + lane * 16 NQ;
+// - Q4_K: super-block ls * (4 NQ) + lane / (8 / NQ) (8 / NQ lanes a super-block); its
+//   header, and the 16 NQ bytes of sub-blocks 2h, 2h + 1 at byte lo of the pair.
+template <int TY, int R, int NQ>
+__device__ __forceinline__ void qmv_load_step(QmvStep<TY, R, NQ>& st,
+                                              const unsigned char* const* lw,
+                                              const unsigned short* const* lwd, int ls, int lane,
+                                              int k) {
+    constexpr int QV = 16 * NQ, LPS = 8 / NQ, SPS = 32 / LPS;
+    const int il = lane % LPS, h = NQ == 2 ? il : il >> 1, lo = NQ == 2 ? 0 : (il & 1) * 16;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        if constexpr (TY == QT_Q8_0) {
+            const int c = ls * 32 * QV + lane * QV;
+            if (c < k) {  // k % 32 == 0: all QV quants are in the row
+#pragma unroll
+                for (int j = 0; j < NQ; j++) st.q[r][j] = ldg16(lw[r] + c + 16 * j);
+                st.hd[r].x = __ldg(lwd[r] + (c >> 5));
+            }
+        } else {
+            const int sb = ls * SPS + lane / LPS;
+            if (sb < (k >> 8)) {
+                const unsigned char* blk = lw[r] + sb * 144;
+                st.hd[r] = ldg16(blk);
+#pragma unroll
+                for (int j = 0; j < NQ; j++)
+                    st.q[r][j] = ldg16(blk + 16 + 32 * h + lo + 16 * j);
+            }
+        }
+    }
+}
+
 // The dense GEMV's x made from the f32 rows xf [.., k] (rows xr .. xr + nv) by the RMSNorm
 // with gamma, as rms_norm makes hnb (rms_inv_8's sums, (x * inv) * gamma rounded to bf16: the
 // same bits), staged in xn (k bf16 of shared memory, then red: 32 floats for the block sum —
@@ -481,26 +516,7 @@ __device__ __forceinline__ void qmv_t(const unsigned long long* __restrict__ w_p
     };
     auto load = [&](QmvStep<TY, R, NQ>& st) {
         if (lg >= groups) return;
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            if constexpr (TY == QT_Q8_0) {
-                const int c = ls * 32 * QV + lane * QV;
-                if (c < k) {  // k % 32 == 0: all QV quants are in the row
-#pragma unroll
-                    for (int j = 0; j < NQ; j++) st.q[r][j] = ldg16(lw[r] + c + 16 * j);
-                    st.hd[r].x = __ldg(lwd[r] + (c >> 5));
-                }
-            } else {
-                const int sb = ls * SPS + lane / LPS;
-                if (sb < nsb) {
-                    const unsigned char* blk = lw[r] + sb * 144;
-                    st.hd[r] = ldg16(blk);
-#pragma unroll
-                    for (int j = 0; j < NQ; j++)
-                        st.q[r][j] = ldg16(blk + 16 + 32 * h + lo + 16 * j);
-                }
-            }
-        }
+        qmv_load_step<TY, R, NQ>(st, lw, lwd, ls, lane, k);
         if (++ls == steps) {
             ls = 0;
             lg += nw;

@@ -74,34 +74,13 @@ struct QdWalk {
         }
     }
 
-    // The load cursor's step into st (as qmv_t's load for NQ = 2), noted in slot d, and
+    // The load cursor's step into st (qmv_load_step, as qmv_t loads), noted in slot d, and
     // advances; past the last item it notes none.
     __device__ __forceinline__ void load(QmvStep<TY, 2, 2>& st, int d, int lane) {
         gq[d] = lq;
         gs[d] = ls;
         if (lq >= items) return;
-        if (TY == QT_Q8_0) {
-            const int c = ls * 1024 + lane * 32;
-            if (c < k) {
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    st.q[r][0] = ldg16(w[r] + c);
-                    st.q[r][1] = ldg16(w[r] + c + 16);
-                    st.hd[r].x = __ldg(wd[r] + (c >> 5));
-                }
-            }
-        } else {
-            const int sb = ls * 8 + (lane >> 2), h = lane & 3;
-            if (sb < (k >> 8)) {
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    const unsigned char* blk = w[r] + sb * 144;
-                    st.hd[r] = ldg16(blk);
-                    st.q[r][0] = ldg16(blk + 16 + 32 * h);
-                    st.q[r][1] = ldg16(blk + 32 + 32 * h);
-                }
-            }
-        }
+        qmv_load_step<TY, 2, 2>(st, w, wd, ls, lane, k);
         if (++ls == steps) {
             ls = 0;
             lq += dq;

@@ -7,7 +7,7 @@
 //! bf16 (GGUF blocks dequantized at load), activations are rounded to bf16 at each GEMM
 //! input with f32 accumulation, norms/softmax/the residual stream stay f32, and the latent
 //! cache is bf16. [`CudaExecutor`] is checked against the CPU executor op by op
-//! (`tests/ops.rs`) and end to end (`tests/e2e.rs`).
+//! (`tests/ops/`) and end to end (`tests/e2e.rs`).
 
 pub mod error;
 pub mod executor;

@@ -498,7 +498,7 @@ mod tests {
     /// bf16 storage (f32 uploads as bf16), a width that is a multiple of the experts', not in
     /// GGUF blocks, not an expert-parallel shard — or, for the int8 gate|up GEMV, gate and up
     /// all in one block type (whole rows), the downs any type. (The slices summing to the
-    /// shared MLP is checked on the GPU: tests/ops.rs, moe_gemv_swiglu/combine and
+    /// shared MLP is checked on the GPU: tests/ops/moe.rs, moe_gemv_swiglu/combine and
     /// qmv_pairs_glu with slice views.)
     #[test]
     fn shared_slices_only_where_exact() {

@@ -26,14 +26,23 @@
 // The slots' matrices are staged in shared memory first; with flags bit 1 (the host vouches
 // that ids are final: the gate|up GEMV over the same ids ran just before and its blocks
 // waited for the routing, as Gpu::qmv_pairs_after) the ids are read through L2 and the
-// first steps requested before the wait on the previous grid. Item sums go to shared
-// memory; then a thread a row adds its slots in order.
+// first steps requested before the wait on the previous grid; with flags bit 2 the rest of
+// each warp's rows are prefetched into L2 there too. Item sums go to shared memory; then a
+// thread a row adds its slots in order.
 #define QD_DEPTH 2  // steps in flight a warp (the wide one-vector kernels' depth)
 
 // Steps of a row of width k: Q8_0 32 quants a lane; Q4_K 8 super-blocks a warp.
 template <int TY>
 __device__ __forceinline__ int qd_steps(int k) {
     return TY == QT_Q8_0 ? (k + 1023) >> 10 : ((k >> 8) + 7) >> 3;
+}
+
+// The 128-byte lines of bytes [p, p + n) into L2, a lane a line.
+__device__ __forceinline__ void qd_prefetch_span(const unsigned char* p, i64 n, int lane) {
+    const unsigned long long end = (unsigned long long)p + n;
+    for (unsigned long long a = ((unsigned long long)p & ~127ull) + 128ull * lane; a < end;
+         a += 128ull * 32)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
 }
 
 // A warp's walk over the items of one type: slots j0 .. j0 + nj, width k, this warp's items
@@ -70,6 +79,25 @@ struct QdWalk {
                 float* y = ys + (j0 + lq % nj) * rg + 2 * (lq / nj);
                 y[0] = 0.f;
                 y[1] = 0.f;
+            }
+        }
+    }
+
+    // Every 128-byte line of the rows of this warp's items after its first (whose first steps
+    // the loads have requested) into L2 (prefetch.global.L2; flags bit 2): the block's weights
+    // stream from HBM while it waits for the grid before and quantizes act, where the loads
+    // in flight (QD_DEPTH steps a warp) cover 4 KB of a warp's ~12.
+    __device__ __forceinline__ void prefetch_rest(int q0, int lane) const {
+        const i64 rb = TY == QT_Q8_0 ? (i64)k : (i64)(k >> 8) * 144;
+        for (int q = q0 + dq; q < items; q += dq) {
+            const unsigned char* base = (const unsigned char*)tab[j0 + q % nj];
+            if (base == nullptr) continue;
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int row = min(r0 + 2 * (q / nj) + r, rows - 1);
+                qd_prefetch_span(base + row * rb, rb, lane);
+                if (TY == QT_Q8_0)
+                    qd_prefetch_span(base + (i64)rows * k + (i64)row * (k >> 4), k >> 4, lane);
             }
         }
     }
@@ -235,6 +263,12 @@ __device__ __forceinline__ void qmv_down_comb_t(const unsigned long long* __rest
         qd_start<TA>(wa, pa, 0, ck, f, warp, nwr, RG, rows, r0, tab, ys, lane);
     else
         qd_start<TB>(wb, pb, ck, 1, fs, warp - nwr, nws, RG, rows, r0, tab, ys, lane);
+    if (flags & 4) {
+        if (routed)
+            wa.prefetch_rest(warp, lane);
+        else
+            wb.prefetch_rest(warp - nwr, lane);
+    }
     if (early) MLA_PDL();
 #ifndef QD_LAB_NOQ  // a timing lab (MLASERVE_KERNEL_DEFINES=-DQD_LAB_NOQ): x never made, wrong sums
     for (int b = threadIdx.x; b < nb; b += blockDim.x)

@@ -73,6 +73,14 @@ pub fn down1_kernel() -> Option<QmvDown> {
     })
 }
 
+/// `MLASERVE_QMV_DOWN1_PF=0` (read once): the fused kernel does not prefetch its warps' later
+/// rows into L2 before its wait (flags bit 2; on by default). A timing lab: the sums are the
+/// same either way.
+pub fn down1_prefetch() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLASERVE_QMV_DOWN1_PF").as_deref() != Ok("0"))
+}
+
 /// Dynamic shared memory of the fused kernel `v`: act quantized (`n` int8 and two f32 per
 /// 32), the item sums [k + 1][rows a block] f32 and the slots' matrices [k + 1] u64.
 fn smem(v: QmvDown, k: usize, f: usize, fs: usize) -> usize {
@@ -144,7 +152,8 @@ impl Gpu {
         let (first, held, k) = (p.first as i32, p.held as i32, p.k as i32);
         let (f, fs, rows) = (p.f as i32, shared.cols as i32, shared.rows as i32);
         let ws = shared.w.ptr();
-        let flags = ((ids_final && crate::qgemv::pairs_early()) as i32) << 1;
+        let flags = ((ids_final && crate::qgemv::pairs_early()) as i32) << 1
+            | (down1_prefetch() as i32) << 2;
         self.launch(
             &name,
             cfg,

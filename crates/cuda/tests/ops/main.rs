@@ -135,6 +135,7 @@ fn gemm_ref(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
 
 #[test]
 fn op_table_against_cpu() {
+    let t0 = std::time::Instant::now();
     let gpu = match Gpu::new(0) {
         Ok(g) => g,
         Err(e) => {
@@ -142,6 +143,12 @@ fn op_table_against_cpu() {
             return;
         }
     };
+    // (a run that stalls shows where: the kernels' compile, or which family)
+    println!(
+        "op table on {}: kernels ready in {:.1} s",
+        gpu.name,
+        t0.elapsed().as_secs_f64()
+    );
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     let mut rep = Report { rows: Vec::new() };
     // `MLASERVE_OPS=attn_cluster,moe` (a lab's quick check of one kernel's variants): only
@@ -177,6 +184,7 @@ fn op_table_against_cpu() {
             .as_deref()
             .is_none_or(|o| o.split(',').any(|x| x == name))
         {
+            println!("family {name} from {:.1} s", t0.elapsed().as_secs_f64());
             f(&gpu, &mut r, &mut rep);
         }
     }

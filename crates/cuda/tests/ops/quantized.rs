@@ -828,6 +828,7 @@ pub(super) fn qmv_down(gpu: &Gpu, rng: &mut Rng, rep: &mut Report) {
             f,
         };
         let shape = format!("{ty:?}+{sty:?} [{rows} x {f}] x{k} + [{rows} x {fs}]");
+        println!("qmv_down_comb: {shape}: inputs made");
         if !QmvDown::ALL
             .iter()
             .all(|&v| gpu.down_comb_fits(&p, &shared, v))

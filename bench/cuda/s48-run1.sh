@@ -10,22 +10,24 @@
 set -u
 RUN=s48-run1; . tools/device/prelude.sh
 Q=/tmp/v2-q4k.gguf; Q8=/tmp/v2-q8.gguf
-(timeout 100 $B/synth_model v2-lite $Q --type q4_k > /dev/null 2>&1; timeout 100 $B/synth_model v2-lite $Q8 --type q8_0 > /dev/null 2>&1; echo "== synth $(el)" >> $L) &
-MLASERVE_OPS=qmv_down timeout 200 $B/ops --test-threads=1 --nocapture > $OUT/ops.txt 2>&1
+(timeout 100 $B/synth_model v2-lite $Q --type q4_k > /dev/null 2>&1; echo "== synth q4k $(el)" >> $L; timeout 100 $B/synth_model v2-lite $Q8 --type q8_0 > /dev/null 2>&1; echo "== synth q8 $(el)" >> $L) &
+MLASERVE_OPS=qmv_down timeout 100 $B/ops --test-threads=1 --nocapture > $OUT/ops.txt 2>&1
 echo "== ops qmv_down rc=$? $(el)" >> $L
 grep -E "kernels ready|family|inputs made|qmv_down_comb|FAIL|rows|test result|does not fit" $OUT/ops.txt | tail -30 >> $L
-MLASERVE_QMV_DOWN1=16 timeout 100 $B/e2e --test-threads=2 > $OUT/e2e-16.txt 2>&1; echo "== e2e DOWN1=16 rc=$? $(el)" >> $L
-grep -E "test result|FAIL|panicked" $OUT/e2e-16.txt >> $L
 wait
 rep() { m=$1; b=$2; shift 2; timeout 90 env "$@" $B/decode_profile $m --batch $b --ctx 512 --replays 300 2>&1 | grep -iE "median" | head -1; }
 for r in 1 2; do
   echo "== q4k b1 round $r: $(rep $Q 1 X=1) $(el)" >> $L
   echo "== q4k b1 round $r DOWN1=16: $(rep $Q 1 MLASERVE_QMV_DOWN1=16) $(el)" >> $L
   echo "== q4k b1 round $r DOWN1=16 PF=0: $(rep $Q 1 MLASERVE_QMV_DOWN1=16 MLASERVE_QMV_DOWN1_PF=0) $(el)" >> $L
+done
+for r in 1 2; do
   echo "== q8 b1 round $r: $(rep $Q8 1 X=1) $(el)" >> $L
   echo "== q8 b1 round $r DOWN1=16: $(rep $Q8 1 MLASERVE_QMV_DOWN1=16) $(el)" >> $L
 done
 T=MLASERVE_LAB_TWICE
 echo "== q4k b1 DOWN1=16 twice: $(rep $Q 1 MLASERVE_QMV_DOWN1=16 $T=qmv_down_comb_q8_0_q4_k_r16) $(el)" >> $L
+MLASERVE_QMV_DOWN1=16 timeout 100 $B/e2e --test-threads=2 > $OUT/e2e-16.txt 2>&1; echo "== e2e DOWN1=16 rc=$? $(el)" >> $L
+grep -E "test result|FAIL|panicked" $OUT/e2e-16.txt >> $L
 echo "end $(el)" >> $L
 cat $L

@@ -11,8 +11,12 @@
 //! routed and the shared matrices may be of different block types (the Q4_K V2-Lite model's
 //! routed down is Q8_0 at K = 1,408, its shared down Q4_K). Two kernels: 8 rows a block of 8
 //! warps ([`QmvDown::R8`]) or 16 rows of 16 warps ([`QmvDown::R16`]: each block quantizes act
-//! for twice the rows). A lab knob, off until a GPU has timed it: `MLASERVE_QMV_DOWN1=1`
-//! (R8) or `=16` (R16).
+//! for twice the rows). A lab knob, off: `MLASERVE_QMV_DOWN1=1` (R8) or `=16` (R16). Timed
+//! on an H100 (session 48, bench/cuda/v2lite.md) it is no faster than the two launches
+//! (7.9-8.5 µs a launch in the Q4_K V2-Lite step against 8.7): each block quantizes all of
+//! act after its wait, 44-57 µs a step, with little of its weights in flight meanwhile —
+//! hence the L2 prefetch of each warp's later rows before the wait ([`down1_prefetch`]),
+//! not yet timed.
 
 use crate::args;
 use crate::error::{CudaError, Result};
@@ -63,7 +67,7 @@ pub struct DownPairs {
 }
 
 /// `MLASERVE_QMV_DOWN1=1` / `=16` (read once): the executor takes [`Gpu::qmv_down_comb`] on
-/// that kernel where it fits. Off until timed on a GPU.
+/// that kernel where it fits. Off: no faster than the two launches it replaces (module doc).
 pub fn down1_kernel() -> Option<QmvDown> {
     static ON: std::sync::OnceLock<Option<QmvDown>> = std::sync::OnceLock::new();
     *ON.get_or_init(|| match std::env::var("MLASERVE_QMV_DOWN1").as_deref() {

@@ -37,12 +37,14 @@ __device__ __forceinline__ int qd_steps(int k) {
     return TY == QT_Q8_0 ? (k + 1023) >> 10 : ((k >> 8) + 7) >> 3;
 }
 
-// The 128-byte lines of bytes [p, p + n) into L2, a lane a line.
+// The 128-byte lines of bytes [p, p + n) into L2, a lane a line: line i by the address p
+// (i = 0) or the line's start (every address asked for lies in [p, p + n)).
 __device__ __forceinline__ void qd_prefetch_span(const unsigned char* p, i64 n, int lane) {
-    const unsigned long long end = (unsigned long long)p + n;
-    for (unsigned long long a = ((unsigned long long)p & ~127ull) + 128ull * lane; a < end;
-         a += 128ull * 32)
+    const unsigned long long p0 = (unsigned long long)p, end = p0 + n;
+    for (unsigned long long i = lane; (p0 & ~127ull) + 128ull * i < end; i += 32) {
+        const unsigned long long a = i == 0 ? p0 : (p0 & ~127ull) + 128ull * i;
         asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+    }
 }
 
 // A warp's walk over the items of one type: slots j0 .. j0 + nj, width k, this warp's items

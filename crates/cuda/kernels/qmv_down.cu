@@ -61,18 +61,26 @@ struct QdWalk {
     const unsigned short* wd[2];
     int gq[QD_DEPTH], gs[QD_DEPTH];
 
+    // A row's bytes of quants (Q4_K: whole super-blocks; Q8_0's scales lie after all rows).
+    __device__ __forceinline__ i64 row_bytes() const {
+        return TY == QT_Q8_0 ? (i64)k : (i64)(k >> 8) * 144;
+    }
+
+    // Row r (0, 1) of item q's pair, clamped to the last row.
+    __device__ __forceinline__ int row_of(int q, int r) const {
+        return min(r0 + 2 * (q / nj) + r, rows - 1);
+    }
+
     // The rows of item lq, after skipping (zeros into ys) those whose matrix is not held.
     __device__ __forceinline__ void seek(int lane) {
         for (; lq < items; lq += dq) {
             const unsigned char* base = (const unsigned char*)tab[j0 + lq % nj];
             if (base != nullptr) {
-                const int g = lq / nj;
-                const i64 rb = TY == QT_Q8_0 ? (i64)k : (i64)(k >> 8) * 144;
                 const unsigned short* wdb = (const unsigned short*)(base + (i64)rows * k);
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
-                    const int row = min(r0 + 2 * g + r, rows - 1);
-                    w[r] = base + row * rb;
+                    const int row = row_of(lq, r);
+                    w[r] = base + row * row_bytes();
                     wd[r] = wdb + (i64)row * (k >> 5);
                 }
                 return;
@@ -90,13 +98,13 @@ struct QdWalk {
     // stream from HBM while it waits for the grid before and quantizes act, where the loads
     // in flight (QD_DEPTH steps a warp) cover 4 KB of a warp's ~12.
     __device__ __forceinline__ void prefetch_rest(int q0, int lane) const {
-        const i64 rb = TY == QT_Q8_0 ? (i64)k : (i64)(k >> 8) * 144;
+        const i64 rb = row_bytes();
         for (int q = q0 + dq; q < items; q += dq) {
             const unsigned char* base = (const unsigned char*)tab[j0 + q % nj];
             if (base == nullptr) continue;
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                const int row = min(r0 + 2 * (q / nj) + r, rows - 1);
+                const int row = row_of(q, r);
                 qd_prefetch_span(base + row * rb, rb, lane);
                 if (TY == QT_Q8_0)
                     qd_prefetch_span(base + (i64)rows * k + (i64)row * (k >> 4), k >> 4, lane);

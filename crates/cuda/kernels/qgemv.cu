@@ -275,8 +275,7 @@ struct QmvStep {
     uint4 hd[R];  // Q4_K header; Q8_0: .x holds the f16 scale
 };
 
-// A lane's loads of one step, shared by the kernels that walk these steps (qmv_t,
-// qmv_down.cu), so they read the same words: step ls of R rows (bases lw, Q8_0 scales lwd)
+// A lane's loads of one step of qmv_t's walk: step ls of R rows (bases lw, Q8_0 scales lwd)
 // of width k into st; nothing past the row's end.
 // - Q8_0: 16 * NQ quants and their scale from column ls * 512 NQ + lane * 16 NQ;
 // - Q4_K: super-block ls * (4 NQ) + lane / (8 / NQ) (8 / NQ lanes a super-block); its

@@ -20,7 +20,6 @@ pub const SOURCE: &str = concat!(
     include_str!("../kernels/mla_decode_wgmma.cu"),
     include_str!("../kernels/mla_attn_cl.cu"),
     include_str!("../kernels/qgemv.cu"),
-    include_str!("../kernels/qmv_down.cu"),
     include_str!("../kernels/flash_attn.cu"),
     include_str!("../kernels/flash_attn_wgmma.cu"),
     include_str!("../kernels/moe_grouped.cu"),
@@ -182,14 +181,6 @@ pub const NAMES: &[&str] = &[
     "qmv_q4_k_r2m1b3",
     "qmv_q4_k_r2m1b3_glu",
     "qmv_q4_k_r2m1b3_comb",
-    "qmv_down_comb_q8_0_q8_0",
-    "qmv_down_comb_q8_0_q4_k",
-    "qmv_down_comb_q4_k_q4_k",
-    "qmv_down_comb_q4_k_q8_0",
-    "qmv_down_comb_q8_0_q8_0_r16",
-    "qmv_down_comb_q8_0_q4_k_r16",
-    "qmv_down_comb_q4_k_q4_k_r16",
-    "qmv_down_comb_q4_k_q8_0_r16",
     "lab_q4k_r2m1w_loads",
     "lab_q4k_r2m1w3_loads",
     "lab_q4k_r2m1w_bulk4q",
@@ -417,7 +408,6 @@ mod tests {
         let source = strip_comments(SOURCE);
         let qmv_t_waits = qmv_t_waits_before_reading(&source);
         let qmmq_waits = qmmq_body_waits_before_reading(&source);
-        let qmv_down_waits = qmv_down_waits_before_reading(&source);
         let mut n = 0;
         for (i, _) in source.match_indices("extern \"C\" __global__") {
             let body = &source[i..][source[i..].find('{').unwrap() + 1..];
@@ -436,8 +426,7 @@ mod tests {
             let weights_first = first.starts_with("MLA_WEIGHTS_FIRST();")
                 && (body[..end].contains("MLA_PDL();")
                     || (body[..end].contains("qmv_t<") && qmv_t_waits)
-                    || (body[..end].contains("qmmq_body<") && qmmq_waits)
-                    || (body[..end].contains("qmv_down_comb_t<") && qmv_down_waits));
+                    || (body[..end].contains("qmmq_body<") && qmmq_waits));
             assert!(
                 first.starts_with("MLA_PDL();") || weights_first,
                 "a kernel does not start with MLA_PDL(): {}",
@@ -504,33 +493,6 @@ mod tests {
         let src = &source[b0..b1];
         src.find("MLA_PDL();")
             .is_some_and(|p| reads_any(&src[..p], &["xq", "xds", "out"]).is_none())
-    }
-
-    /// qmv_down.cu's qmv_down_comb_t, which its kernels enter before any wait: it waits first
-    /// unless `early` (flags bit 1: the host vouches that ids are final), and before the late
-    /// wait it reads the ids only through ld_cg_s32 (common.cuh's third exception) and
-    /// nothing else a kernel writes (act, cw, out).
-    fn qmv_down_waits_before_reading(source: &str) -> bool {
-        let at = source
-            .find("void qmv_down_comb_t(")
-            .expect("qmv_down_comb_t");
-        let (b0, b1) = block(source, at);
-        let src = &source[b0..b1];
-        let (Some(first), Some(late)) = (
-            src.find("if (!early) MLA_PDL();"),
-            src.find("if (early) MLA_PDL();"),
-        ) else {
-            return false;
-        };
-        let id_read = "(early ? ld_cg_s32(ids + j) : ids[j])";
-        src.contains("const bool early = flags & 2;")
-            && first < late
-            && src[..late].contains(id_read)
-            && reads_any(
-                &src[..late].replace(id_read, ""),
-                &["ids", "act", "cw", "out"],
-            )
-            .is_none()
     }
 
     #[test]

@@ -23,7 +23,6 @@ pub mod nccl;
 pub mod ops;
 pub mod qgemv;
 pub mod qmmq;
-pub mod qmv_down;
 mod step_inputs;
 pub mod tp;
 pub mod weights;

@@ -22,7 +22,6 @@ use crate::gpu::{DBuf, Gpu};
 use crate::moe_grouped::MOE_SORT_MAX_PAIRS;
 use crate::ops::{Gemm, GemmType, RouteCfg, SliceViews};
 use crate::qgemv::{PairCombine, QType};
-use crate::qmv_down::{down1_kernel, DownPairs};
 use crate::weights::GLinear;
 use crate::weights::GMoe;
 use mlaserve_model::layers::ffn::route;
@@ -440,25 +439,6 @@ impl CudaExecutor {
                 let gu = gpu.alloc::<f32>(pairs * 2 * f)?;
                 gemv(m.gate_up_ty, gate_up, hnb.ptr(), k, h, 2 * f, gu.ptr())?;
                 gpu.silu_mul(gu.ptr(), act.ptr(), f, pairs)?;
-            }
-        }
-        // One token with the shared slices: the routed downs, their combine and the shared
-        // down in one launch where it fits (`MLASERVE_QMV_DOWN1=1|16`, a lab knob; qmv_down.rs)
-        if let (Some(GLinear::Quant(sd)), Some(ty)) = (sh.map(|sh| &sh.down), m.down_ty) {
-            let p = DownPairs {
-                ty,
-                w_ptrs: down,
-                first,
-                held,
-                ids: ids.ptr(),
-                w: w.ptr(),
-                k,
-                f,
-            };
-            if let Some(v) = down1_kernel().filter(|&v| gpu.down_comb_fits(&p, sd, v)) {
-                // ids are final: the gate|up GEMV over them ran just before
-                gpu.qmv_down_comb(p, sd, act.ptr(), out, true, v)?;
-                return Ok(Small::WithShared);
             }
         }
         let y = gpu.alloc::<f32>(pairs * h)?;

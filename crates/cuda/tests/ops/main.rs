@@ -156,7 +156,7 @@ fn op_table_against_cpu() {
     // so each one's inputs are the same in a full run.
     let only = std::env::var("MLASERVE_OPS").ok();
     type Family = fn(&Gpu, &mut Rng, &mut Report);
-    let families: [(&str, Family); 11] = [
+    let families: [(&str, Family); 10] = [
         ("gemms", dense::gemms),
         ("elementwise", dense::elementwise),
         ("attention", attention::attention),
@@ -167,7 +167,6 @@ fn op_table_against_cpu() {
         ("moe_grouped", moe::moe_grouped),
         ("quantized", quantized::quantized),
         ("argmax", pick::logits_pick),
-        ("qmv_down", quantized::qmv_down),
     ];
     if let Some(o) = &only {
         for x in o.split(',') {

@@ -187,9 +187,9 @@ impl Gpu {
             .max(1) as usize;
         let pdl = maj >= 9 && std::env::var("MLASERVE_PDL").map_or(true, |v| v != "0");
         let t0 = std::time::Instant::now();
-        let (ptx, cached) = kernels::ptx_for(arch)?;
+        let (image, cached) = kernels::image_for(arch)?;
         let module = ctx
-            .load_module(ptx)
+            .load_module(cudarc::nvrtc::Ptx::from_binary(image.to_vec()))
             .map_err(|e| CudaError::driver("loading the kernel module", e))?;
         let mut funcs = HashMap::new();
         for &n in kernels::NAMES {

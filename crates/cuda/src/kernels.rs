@@ -1,11 +1,15 @@
-//! The kernel sources, compiled by NVRTC for the device's architecture at start and cached on
-//! disk by content hash (`$MLASERVE_KERNEL_CACHE`, else `$XDG_CACHE_HOME/mlaserve/kernels`,
-//! else `~/.cache/mlaserve/kernels`). A cache that cannot be read or written only costs a
-//! recompile (~0.2 s); it is never an error.
+//! The kernel sources, compiled by NVRTC into a cubin for the device's architecture at start
+//! and cached on disk by content hash, NVRTC version and defines (`$MLASERVE_KERNEL_CACHE`,
+//! else `$XDG_CACHE_HOME/mlaserve/kernels`, else `~/.cache/mlaserve/kernels`). A cache that
+//! cannot be read or written only costs a recompile (seconds to a minute and more: every core
+//! of the host); it is never an error.
 
 use crate::error::{CudaError, Result};
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+use cudarc::nvrtc::result::{self, NvrtcError};
+use cudarc::nvrtc::sys;
+use std::ffi::{CStr, CString};
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 /// Every kernel, one translation unit: the shared prelude first.
 pub const SOURCE: &str = concat!(
@@ -240,41 +244,54 @@ fn cache_dir() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/mlaserve/kernels"))
 }
 
-/// PTX of [`SOURCE`] for `arch`, from the disk cache or NVRTC. Returns (ptx, from_cache).
-pub fn ptx_for(arch: &'static str) -> Result<(Ptx, bool)> {
+/// The kernel image (cubin) of [`SOURCE`] for `arch`: from this process's first call for the
+/// arch, else the disk cache, else NVRTC. Returns (cubin, from_cache). One compile a process:
+/// the ranks of a tensor-parallel group, starting together, wait for the first one's.
+pub fn image_for(arch: &'static str) -> Result<(Arc<Vec<u8>>, bool)> {
+    type Images = Vec<(&'static str, Arc<Vec<u8>>)>; // (arch, cubin)
+    static IMAGES: Mutex<Images> = Mutex::new(Vec::new());
+    let mut images = IMAGES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, img)) = images.iter().find(|(a, _)| *a == arch) {
+        return Ok((img.clone(), true));
+    }
+    let (img, cached) = disk_or_compile(arch)?;
+    let img = Arc::new(img);
+    images.push((arch, img.clone()));
+    Ok((img, cached))
+}
+
+fn disk_or_compile(arch: &'static str) -> Result<(Vec<u8>, bool)> {
+    let (major, minor) = nvrtc_version()?;
     let key = format!(
         "{:016x}",
         fnv1a(&[
             SOURCE.as_bytes(),
             arch.as_bytes(),
             env!("CARGO_PKG_VERSION").as_bytes(),
+            format!("nvrtc {major}.{minor}").as_bytes(),
             trace_define().unwrap_or("").as_bytes(),
             lab_defines().join(" ").as_bytes()
         ])
     );
-    let path = cache_dir().map(|d| d.join(format!("{key}-{arch}.ptx")));
+    let path = cache_dir().map(|d| d.join(format!("{key}-{arch}.cubin")));
     if let Some(p) = &path {
-        if let Ok(src) = std::fs::read_to_string(p) {
-            if src.contains(".entry") {
-                return Ok((Ptx::from_src(src), true));
+        if let Ok(img) = std::fs::read(p) {
+            if img.starts_with(b"\x7fELF") {
+                return Ok((img, true));
             }
         }
     }
-    let ptx = compile(arch)?;
+    let img = compile(arch)?;
     if let Some(p) = &path {
-        let tmp = p.with_extension(format!(
-            "tmp{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
+        let tmp = p.with_extension(format!("tmp{}", std::process::id()));
         let wrote = p.parent().map(std::fs::create_dir_all).transpose().is_ok()
-            && std::fs::write(&tmp, ptx.to_src()).is_ok()
+            && std::fs::write(&tmp, &img).is_ok()
             && std::fs::rename(&tmp, p).is_ok();
         if !wrote {
             tracing::debug!("could not cache kernels at {}", p.display());
         }
     }
-    Ok((ptx, false))
+    Ok((img, false))
 }
 
 /// The phase trace's shape (common.cuh: MLA_TRACE_BLOCKS blocks of 16 words; words 14 and
@@ -313,29 +330,84 @@ pub fn lab_defines() -> &'static [String] {
     })
 }
 
-/// Compiles [`SOURCE`] with NVRTC (no GPU needed, only libnvrtc). NVRTC's defaults stay
+/// Compiles [`SOURCE`] with NVRTC into a cubin for `arch` (a real architecture, `sm_XY`: the
+/// driver loads it without a JIT step). No GPU needed, only libnvrtc. NVRTC's defaults stay
 /// (IEEE division and square root, no fast math): the quantize kernels' scales and the op
 /// table's bit-exact host references (q8_block, q8u_sub) rest on them.
-pub fn compile(arch: &'static str) -> Result<Ptx> {
+/// `-split-compile=0` runs NVVM's optimizer and ptxas on every core (16-core H100 host:
+/// ~98 s as one thread of PTX and the driver's JIT, measured session 49); an NVRTC that
+/// does not know the option compiles on one thread. Split compilation changes no kernel's
+/// arithmetic: against one thread (NVRTC 12.9, sm_90a), 148 of 157 functions' SASS is
+/// byte-identical and the rest differ in static shared-memory offsets and schedule. With it
+/// ptxas prints its advisories to stderr itself (two C7518 lines on `mla_decode_w64_*`'s
+/// wgmma), once, when the kernels compile.
+pub fn compile(arch: &'static str) -> Result<Vec<u8>> {
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Err(CudaError::Unavailable(
             "libnvrtc was not found on the library path".into(),
         ));
     }
-    let opts = CompileOptions {
-        arch: Some(arch),
-        options: std::iter::once("--std=c++17")
-            .chain(trace_define())
-            .map(String::from)
-            .chain(lab_defines().iter().cloned())
-            .collect(),
-        name: Some("mlaserve_kernels.cu".into()),
-        ..Default::default()
-    };
-    compile_ptx_with_opts(SOURCE, opts).map_err(|e| CudaError::Compile {
+    let opts: Vec<String> = [format!("--gpu-architecture={arch}"), "--std=c++17".into()]
+        .into_iter()
+        .chain(trace_define().map(String::from))
+        .chain(lab_defines().iter().cloned())
+        .collect();
+    let split = [opts.clone(), vec!["-split-compile=0".into()]].concat();
+    match nvrtc_cubin(&split) {
+        Err((NvrtcError(sys::nvrtcResult::NVRTC_ERROR_INVALID_OPTION), _)) => nvrtc_cubin(&opts),
+        r => r,
+    }
+    .map_err(|(e, log)| CudaError::Compile {
         arch: arch.into(),
-        log: format!("{e:?}"),
+        log: format!("{e:?}: {log}"),
     })
+}
+
+/// One NVRTC program of [`SOURCE`] compiled with `opts`: its cubin, or the error and log.
+fn nvrtc_cubin(opts: &[String]) -> std::result::Result<Vec<u8>, (NvrtcError, String)> {
+    let src = CString::new(SOURCE).expect("kernel source without NUL");
+    let prog = result::create_program(&src, Some(c"mlaserve_kernels.cu"))
+        .map_err(|e| (e, String::new()))?;
+    // SAFETY: prog is a live program, destroyed once below; the buffers are sized by NVRTC.
+    let out = unsafe {
+        match result::compile_program(prog, opts) {
+            Err(e) => {
+                let log = result::get_program_log(prog).unwrap_or_default();
+                let log = CStr::from_ptr(log.as_ptr()).to_string_lossy().into_owned();
+                Err((e, log))
+            }
+            Ok(()) => {
+                let mut n = 0usize;
+                sys::nvrtcGetCUBINSize(prog, &mut n)
+                    .result()
+                    .and_then(|()| {
+                        let mut img = vec![0u8; n];
+                        sys::nvrtcGetCUBIN(prog, img.as_mut_ptr().cast())
+                            .result()
+                            .map(|()| img)
+                    })
+                    .map_err(|e| (e, "no cubin (is the architecture a real sm_XY?)".into()))
+            }
+        }
+    };
+    // SAFETY: created above, not destroyed before
+    let _ = unsafe { result::destroy_program(prog) };
+    out
+}
+
+/// The loaded libnvrtc's version (a cache key: another NVRTC may emit other code).
+fn nvrtc_version() -> Result<(i32, i32)> {
+    if !unsafe { sys::is_culib_present() } {
+        return Err(CudaError::Unavailable(
+            "libnvrtc was not found on the library path".into(),
+        ));
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: two valid out-pointers
+    unsafe { sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(|e| CudaError::Unavailable(format!("libnvrtc's version: {e:?}")))?;
+    Ok((major, minor))
 }
 
 #[cfg(test)]
@@ -493,6 +565,21 @@ mod tests {
         let src = &source[b0..b1];
         src.find("MLA_PDL();")
             .is_some_and(|p| reads_any(&src[..p], &["xq", "xds", "out"]).is_none())
+    }
+
+    /// The whole source through NVRTC into a cubin, then the disk cache read back without a
+    /// compile. Needs libnvrtc (no GPU), e.g. `pip install nvidia-cuda-nvrtc-cu12` and its
+    /// `lib/` on LD_LIBRARY_PATH; ~30 s on 2 cores.
+    #[test]
+    #[ignore = "needs libnvrtc: run with --ignored where it is on the library path"]
+    fn compiles_to_a_cubin_and_caches_it() {
+        let dir = std::env::temp_dir().join(format!("mlaserve-kc-{}", std::process::id()));
+        std::env::set_var("MLASERVE_KERNEL_CACHE", &dir);
+        let (img, cached) = disk_or_compile("sm_90a").unwrap();
+        assert!(img.starts_with(b"\x7fELF") && !cached);
+        let (again, cached) = disk_or_compile("sm_90a").unwrap();
+        assert!(cached && again == img);
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

@@ -188,9 +188,17 @@ impl Gpu {
         let pdl = maj >= 9 && std::env::var("MLASERVE_PDL").map_or(true, |v| v != "0");
         let t0 = std::time::Instant::now();
         let (image, cached) = kernels::image_for(arch)?;
-        let module = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_binary(image.to_vec()))
-            .map_err(|e| CudaError::driver("loading the kernel module", e))?;
+        let module = match ctx.load_module(cudarc::nvrtc::Ptx::from_binary(image.to_vec())) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(
+                    "cuda:{ordinal}: the driver rejected the kernels' cubin ({e:?}): \
+                     compiling PTX for its JIT instead (slower to start; a newer driver avoids it)"
+                );
+                ctx.load_module(kernels::compile_ptx(arch)?)
+                    .map_err(|e| CudaError::driver("loading the kernel module (PTX)", e))?
+            }
+        };
         let mut funcs = HashMap::new();
         for &n in kernels::NAMES {
             let f = module

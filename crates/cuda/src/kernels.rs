@@ -6,7 +6,7 @@
 
 use crate::error::{CudaError, Result};
 use cudarc::nvrtc::result::{self, NvrtcError};
-use cudarc::nvrtc::sys;
+use cudarc::nvrtc::{compile_ptx_with_opts, sys, CompileOptions, Ptx};
 use std::ffi::{CStr, CString};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -360,6 +360,26 @@ pub fn compile(arch: &'static str) -> Result<Vec<u8>> {
     .map_err(|(e, log)| CudaError::Compile {
         arch: arch.into(),
         log: format!("{e:?}: {log}"),
+    })
+}
+
+/// PTX of [`SOURCE`] for `arch`, for the driver's JIT: the fallback where the driver rejects
+/// NVRTC's cubin (an NVRTC newer than the driver). One thread, not cached (sessions 1-48's
+/// path: ~98 s with the JIT on a fresh 16-core H100 host).
+pub fn compile_ptx(arch: &'static str) -> Result<Ptx> {
+    let opts = CompileOptions {
+        arch: Some(arch),
+        options: std::iter::once("--std=c++17")
+            .chain(trace_define())
+            .map(String::from)
+            .chain(lab_defines().iter().cloned())
+            .collect(),
+        name: Some("mlaserve_kernels.cu".into()),
+        ..Default::default()
+    };
+    compile_ptx_with_opts(SOURCE, opts).map_err(|e| CudaError::Compile {
+        arch: arch.into(),
+        log: format!("{e:?}"),
     })
 }
 

@@ -7,6 +7,9 @@
 # fa_pack_q/kv; NVRTC 12.9 here, the device's may differ), the cubin read back from the cache, and the
 # V2-Lite b1 steps against the PTX build (`decode_profile_old`: 2d972aa's, the same kernels),
 # two rounds interleaved; e2e.
+# The PTX build: `git checkout 2d972aa && cargo build --release -p mlaserve-cuda --example
+# decode_profile && cp target/release/examples/decode_profile /tmp/decode_profile_old &&
+# git checkout main`, then the new build (pack.sh's header).
 # Pack: `OLD_PROFILE=/tmp/decode_profile_old LABS=0 SERVER=0 tools/device/pack.sh`,
 # `cp bench/cuda/s49-run2.sh .device/next.sh`; carry [".device"], `bash .device/next.sh`.
 # Cut for session 49's last device time (~160 s on an H100): the Q4_K model only, the op

@@ -25,6 +25,10 @@ for arch in sys.argv[1:] or ["sm_90a", "sm_80"]:
     regs = os.environ.get("REGS")
     if regs:
         opts.append(b"--ptxas-options=-v")
+    else:
+        # as the executor (kernels.rs): every core; not with REGS, whose ptxas -v lines a split
+        # compile prints to stderr instead of the log
+        opts.append(b"-split-compile=0")
     arr = (ctypes.c_char_p * len(opts))(*opts)
     rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
     n = ctypes.c_size_t()

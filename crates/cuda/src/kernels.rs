@@ -347,10 +347,8 @@ pub fn compile(arch: &'static str) -> Result<Vec<u8>> {
             "libnvrtc was not found on the library path".into(),
         ));
     }
-    let opts: Vec<String> = [format!("--gpu-architecture={arch}"), "--std=c++17".into()]
-        .into_iter()
-        .chain(trace_define().map(String::from))
-        .chain(lab_defines().iter().cloned())
+    let opts: Vec<String> = std::iter::once(format!("--gpu-architecture={arch}"))
+        .chain(options())
         .collect();
     let split = [opts.clone(), vec!["-split-compile=0".into()]].concat();
     match nvrtc_cubin(&split) {
@@ -369,11 +367,7 @@ pub fn compile(arch: &'static str) -> Result<Vec<u8>> {
 pub fn compile_ptx(arch: &'static str) -> Result<Ptx> {
     let opts = CompileOptions {
         arch: Some(arch),
-        options: std::iter::once("--std=c++17")
-            .chain(trace_define())
-            .map(String::from)
-            .chain(lab_defines().iter().cloned())
-            .collect(),
+        options: options().collect(),
         name: Some("mlaserve_kernels.cu".into()),
         ..Default::default()
     };
@@ -381,6 +375,14 @@ pub fn compile_ptx(arch: &'static str) -> Result<Ptx> {
         arch: arch.into(),
         log: format!("{e:?}"),
     })
+}
+
+/// NVRTC's options but the architecture: C++17, the trace and lab defines.
+fn options() -> impl Iterator<Item = String> {
+    std::iter::once("--std=c++17")
+        .chain(trace_define())
+        .map(String::from)
+        .chain(lab_defines().iter().cloned())
 }
 
 /// One NVRTC program of [`SOURCE`] compiled with `opts`: its cubin, or the error and log.

@@ -342,11 +342,7 @@ pub fn lab_defines() -> &'static [String] {
 /// ptxas prints its advisories to stderr itself (two C7518 lines on `mla_decode_w64_*`'s
 /// wgmma), once, when the kernels compile.
 pub fn compile(arch: &'static str) -> Result<Vec<u8>> {
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(CudaError::Unavailable(
-            "libnvrtc was not found on the library path".into(),
-        ));
-    }
+    require_nvrtc()?;
     let opts: Vec<String> = std::iter::once(format!("--gpu-architecture={arch}"))
         .chain(options())
         .collect();
@@ -417,13 +413,18 @@ fn nvrtc_cubin(opts: &[String]) -> std::result::Result<Vec<u8>, (NvrtcError, Str
     out
 }
 
+fn require_nvrtc() -> Result<()> {
+    if unsafe { sys::is_culib_present() } {
+        return Ok(());
+    }
+    Err(CudaError::Unavailable(
+        "libnvrtc was not found on the library path".into(),
+    ))
+}
+
 /// The loaded libnvrtc's version (a cache key: another NVRTC may emit other code).
 fn nvrtc_version() -> Result<(i32, i32)> {
-    if !unsafe { sys::is_culib_present() } {
-        return Err(CudaError::Unavailable(
-            "libnvrtc was not found on the library path".into(),
-        ));
-    }
+    require_nvrtc()?;
     let (mut major, mut minor) = (0, 0);
     // SAFETY: two valid out-pointers
     unsafe { sys::nvrtcVersion(&mut major, &mut minor) }

@@ -7,7 +7,7 @@
 //! |a| <= 127 (IQ4_XS, sign trick), so every i16 pair sum stays below 2^15.
 
 use super::row_kernel;
-use super::util::{f16_at, f32_at, hsum_ps, hsum_ps128, mul_i8_pairs_i16};
+use super::util::{f16_at, f16x2_at, f32_at, hsum_ps, hsum_ps128, mul_i8_pairs_i16};
 use crate::dequant::KVALUES_IQ4NL;
 use std::arch::x86_64::*;
 
@@ -74,7 +74,8 @@ unsafe fn k4_nt<const NT: usize, const HIGH: bool>(
     let mut accm = [_mm_setzero_ps(); NT];
     for ib in 0..nb {
         let x = w.add(ib * bb);
-        let (d, dmin) = (f16_at(x), f16_at(x.add(2)));
+        let dm = f16x2_at(x);
+        let (d, dmin) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
         let sm = k4_scales_mins(x.add(4));
         let mins = _mm256_extracti128_si256::<1>(sm);
         let sc = _mm256_castsi256_si128(sm);

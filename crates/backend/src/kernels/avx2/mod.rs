@@ -61,16 +61,38 @@ pub(crate) mod util {
         _mm_cvtss_f32(r)
     }
 
-    /// The f16 at `p` as f32.
+    /// The two f16 in `h` (bits 0..16 and 16..32) as f32 lanes 0 and 1, lanes 2 and 3 zero.
     ///
-    /// Broadcasting the bits (rather than `_mm_cvtsi32_si128`) writes a whole register: with
-    /// the latter LLVM emits `vpinsrw` into whatever register is free, which may be a live
-    /// accumulator, chaining every block on the previous FMA (measured 5x slower on Q8_0).
+    /// Written as `vmovd` + `vcvtph2ps` in asm: from intrinsics (`_mm_set1_epi16`,
+    /// `_mm_cvtsi32_si128`) LLVM emits `vpinsrw` into whatever register is free, often a live
+    /// accumulator, which chains every block on the previous block's FMA (measured 5x slower
+    /// on Q8_0; in the Q4_K and Q6_K kernels `d` waited on the min accumulator's FMA).
+    /// `vmovd` writes the whole register.
+    #[inline(always)]
+    unsafe fn cvt_f16x2(h: u32) -> __m128 {
+        let v: __m128;
+        // SAFETY: register-only instructions of F16C, which every caller's level has.
+        std::arch::asm!(
+            "vmovd {v}, {h:e}",
+            "vcvtph2ps {v}, {v}",
+            h = in(reg) h,
+            v = out(xmm_reg) v,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+        v
+    }
+
+    /// The f16 at `p` as f32.
     #[inline(always)]
     pub unsafe fn f16_at(p: *const u8) -> f32 {
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(
-            (p as *const i16).read_unaligned(),
-        )))
+        _mm_cvtss_f32(cvt_f16x2((p as *const u16).read_unaligned() as u32))
+    }
+
+    /// The two f16 at `p` (`p[0..2]`, `p[2..4]`) as f32 lanes 0 and 1: one conversion for a
+    /// K-quant block's `d` and `dmin`.
+    #[inline(always)]
+    pub unsafe fn f16x2_at(p: *const u8) -> __m128 {
+        cvt_f16x2((p as *const u32).read_unaligned())
     }
 
     /// The f16 at `p` as f32, broadcast to 8 lanes.

@@ -3,7 +3,8 @@
 //! `out[t, r] = Σ_c x[t, c] · W[r, c]`. The activation rows are converted once to the weight
 //! type's vec_dot type (read in place where that is f32: F32 weights and
 //! `QMatrix::with_f32_activations`); then the `[n_tokens, rows]` output is cut into tiles of
-//! `ROW_TILE` rows × `TOKEN_BLOCK` tokens, which run in parallel (on the calling thread's
+//! `ROW_TILE` rows × `TOKEN_BLOCK` tokens (`ROW_TILE_FEW` rows × all tokens where there are
+//! at most 4), which run in parallel (on the calling thread's
 //! [`crate::team`] where it leads one, else on rayon's pool) and write disjoint output
 //! elements. Inside a tile the columns are walked in chunks (`k_chunk`); for
 //! each chunk and each group of 4 tokens (their activation chunks stay in L1) the tile's
@@ -24,8 +25,12 @@ use mlaserve_gguf::GgmlType;
 use rayon::prelude::*;
 use std::cell::Cell;
 
-/// Rows per tile.
+/// Rows per tile of a call with more than [`GROUP`] tokens.
 const ROW_TILE: usize = 16;
+/// Rows per tile of a call with at most [`GROUP`] tokens (a decode step): such a tile holds
+/// little work a row, so more rows a tile keep the per-tile cost (the plan lookup, the
+/// accumulators, the team's claim) small against the kernel's.
+const ROW_TILE_FEW: usize = 64;
 /// Tokens per tile (when there are more than [`GROUP`]).
 const TOKEN_BLOCK: usize = 64;
 /// Tokens per row-kernel call: the kernels unpack each weight block once for this many.
@@ -227,6 +232,8 @@ struct Plan<'a> {
     a_stride: usize,
     n_tokens: usize,
     token_block: usize,
+    /// Rows per tile: [`ROW_TILE_FEW`] or [`ROW_TILE`].
+    row_tile: usize,
     n_row_tiles: usize,
     n_tiles: usize,
     k_chunk: usize,
@@ -262,7 +269,12 @@ impl<'a> Plan<'a> {
         } else {
             TOKEN_BLOCK
         };
-        let n_row_tiles = w.rows.div_ceil(ROW_TILE);
+        let row_tile = if n_tokens <= GROUP {
+            ROW_TILE_FEW
+        } else {
+            ROW_TILE
+        };
+        let n_row_tiles = w.rows.div_ceil(row_tile);
         let n_tiles = if n_tokens == 0 {
             0
         } else {
@@ -279,6 +291,7 @@ impl<'a> Plan<'a> {
             a_stride: act.row_bytes(w.cols),
             n_tokens,
             token_block,
+            row_tile,
             n_row_tiles,
             n_tiles,
             k_chunk: k_chunk(w, act),
@@ -288,14 +301,14 @@ impl<'a> Plan<'a> {
 
     fn run_tile(&self, i: usize) {
         if self.token_block <= GROUP {
-            self.tile::<GROUP>(i)
+            self.tile::<GROUP, ROW_TILE_FEW>(i)
         } else {
-            self.tile::<TOKEN_BLOCK>(i)
+            self.tile::<TOKEN_BLOCK, ROW_TILE>(i)
         }
     }
 
-    /// Tile `i` with `TB >= token_block` accumulator columns.
-    fn tile<const TB: usize>(&self, i: usize) {
+    /// Tile `i` with `TB >= token_block` accumulator columns and `RT == row_tile` rows.
+    fn tile<const TB: usize, const RT: usize>(&self, i: usize) {
         let w = self.w;
         let act = act_type(w);
         let (w_bs, w_ts, a_bs, a_bb) = (
@@ -309,15 +322,17 @@ impl<'a> Plan<'a> {
             tb * self.token_block,
             ((tb + 1) * self.token_block).min(self.n_tokens),
         );
-        let (r0, r1) = (rt * ROW_TILE, ((rt + 1) * ROW_TILE).min(w.rows));
+        debug_assert_eq!(RT, self.row_tile);
+        let (r0, r1) = (rt * RT, ((rt + 1) * RT).min(w.rows));
         // acc[(r - r0) * TB + (t - t0)]
-        let mut acc = [[0f32; TB]; ROW_TILE];
+        let mut acc = [[0f32; TB]; RT];
         // The kernel's results of a group: part[(r - r0) * ng + (t - g0)].
-        let mut part = [0f32; ROW_TILE * GROUP];
+        let mut part = [[0f32; GROUP]; RT];
+        let part = part.as_flattened_mut();
         // Dequantized chunk of row r: deq[(r - r0) * k_chunk..][..k1 - k0].
         let mut deq = if self.dequant {
             let mut v = DEQ_SCRATCH.with(|c| c.take());
-            v.resize(ROW_TILE * self.k_chunk, 0.0);
+            v.resize(RT * self.k_chunk, 0.0);
             v
         } else {
             Vec::new()

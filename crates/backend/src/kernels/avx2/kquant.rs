@@ -7,7 +7,9 @@
 //! |a| <= 127 (IQ4_XS, sign trick), so every i16 pair sum stays below 2^15.
 
 use super::row_kernel;
-use super::util::{f16_at, f16x2_at, f32_at, hsum_ps, hsum_ps128, mul_i8_pairs_i16};
+use super::util::{
+    f16_at, f16x2_at, f32_at, hsum_ps, hsum_ps128, mul_i8_pairs_i16, prefetch_ahead,
+};
 use crate::dequant::KVALUES_IQ4NL;
 use std::arch::x86_64::*;
 
@@ -74,6 +76,7 @@ unsafe fn k4_nt<const NT: usize, const HIGH: bool>(
     let mut accm = [_mm_setzero_ps(); NT];
     for ib in 0..nb {
         let x = w.add(ib * bb);
+        prefetch_ahead::<3>(x);
         let dm = f16x2_at(x);
         let (d, dmin) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
         let sm = k4_scales_mins(x.add(4));
@@ -138,6 +141,7 @@ unsafe fn q6_k_impl<const NT: usize>(
     let mut acc = [_mm256_setzero_ps(); NT];
     for ib in 0..nb {
         let x = w.add(ib * 210);
+        prefetch_ahead::<4>(x);
         let d = f16_at(x.add(208));
         let sc8 = _mm_loadu_si128(x.add(192) as *const __m128i);
         let sc16 = _mm256_cvtepi8_epi16(sc8);

@@ -95,6 +95,23 @@ pub(crate) mod util {
         cvt_f16x2((p as *const u32).read_unaligned())
     }
 
+    /// Bytes ahead of a weight block that [`prefetch_ahead`] asks for.
+    pub const PREFETCH_AHEAD: usize = 2048;
+
+    /// Ask for the `LINES` cache lines from `PREFETCH_AHEAD` bytes past `p` (a block of
+    /// weights being read; `LINES` lines cover a block, so a walk over consecutive blocks asks
+    /// for every line once or twice). A decode step reads each weight once from DRAM (a
+    /// model is larger than the last-level cache), and with the hardware prefetcher alone
+    /// one core read Q4_K at ~12 GB/s from DRAM against ~15 from L3 (`matmul_bench`, AMD
+    /// EPYC, AVX2); 2 KiB ahead, ~14.5. A prefetch never faults, so the address may lie past
+    /// the weights.
+    #[inline(always)]
+    pub unsafe fn prefetch_ahead<const LINES: usize>(p: *const u8) {
+        for l in 0..LINES {
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH_AHEAD + 64 * l) as *const i8);
+        }
+    }
+
     /// The f16 at `p` as f32, broadcast to 8 lanes.
     #[inline(always)]
     pub unsafe fn f16x8_at(p: *const u8) -> __m256 {

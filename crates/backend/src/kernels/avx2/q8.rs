@@ -7,7 +7,7 @@
 
 use super::row_kernel;
 use super::util::{
-    e8m0_half_scale, f16x8_at, hsum_ps, mul_i8_pairs_i16, nibbles_32, sum_i16_pairs,
+    e8m0_half_scale, f16x8_at, hsum_ps, mul_i8_pairs_i16, nibbles_32, prefetch_ahead, sum_i16_pairs,
 };
 use crate::act::{Q8_0_ACT_BYTES, Q8_1_ACT_BYTES};
 use crate::dequant::{KVALUES_IQ4NL, KVALUES_MXFP4};
@@ -86,6 +86,7 @@ unsafe fn q8_family_nt<const NT: usize, const KIND: u8>(
     let lut = lut(KIND);
     let mut acc = [_mm256_setzero_ps(); NT];
     for ib in 0..nb {
+        prefetch_ahead::<1>(w.add(ib * bb));
         let (dx, qx) = q8_block::<KIND>(w.add(ib * bb), lut);
         let ax = _mm256_sign_epi8(qx, qx);
         for (t, acc) in acc.iter_mut().enumerate() {

@@ -18,29 +18,35 @@ const Q8K_QS: usize = 4;
 const Q8K_BSUMS: usize = 260;
 const Q8K_BYTES: usize = 292;
 
-/// Q4_K/Q5_K 6-bit scales and mins, unpacked as ggml does: bytes 0..8 of the result are the
-/// 8 scales, bytes 8..16 the 8 mins.
+/// Q4_K/Q5_K 6-bit scales and mins, unpacked as ggml does: lanes 0..8 of the result are the
+/// 8 scales, lanes 8..16 the 8 mins, as i16. `p` is the 12 scale bytes `s` (16 are read:
+/// the block continues past them); for j < 4 `sc_j = s_j & 63`, `m_j = s_{j+4} & 63`, and for
+/// j >= 4 `sc_j = (s_{j+4} & 15) | (s_{j-4} >> 6) << 4`, `m_j = (s_{j+4} >> 4) | (s_j >> 6) << 4`.
+/// In vector lanes (9 instructions where ggml's scalar form takes ~20 and 4 inserts).
 #[inline(always)]
 unsafe fn k4_scales_mins(p: *const u8) -> __m256i {
-    const KMASK1: u32 = 0x3f3f_3f3f;
-    const KMASK2: u32 = 0x0f0f_0f0f;
-    const KMASK3: u32 = 0x0303_0303;
-    let u = p as *const u32;
-    let (u0, u1, u2) = (
-        u.read_unaligned(),
-        u.add(1).read_unaligned(),
-        u.add(2).read_unaligned(),
+    const Z: i8 = -1; // pshufb: a zero byte
+    let v = _mm_loadu_si128(p as *const __m128i);
+    // [s0..4, s8..12, s4..8, s8..12]: the low 6 bits (j < 4) or the nibbles (j >= 4).
+    let low = _mm_shuffle_epi8(
+        v,
+        _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11),
     );
-    let m_hi = ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4);
-    let m_lo = u1 & KMASK1;
-    let s_hi = (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4);
-    let s_lo = u0 & KMASK1;
-    _mm256_cvtepu8_epi16(_mm_set_epi32(
-        m_hi as i32,
-        m_lo as i32,
-        s_hi as i32,
-        s_lo as i32,
-    ))
+    // The mins' nibbles of j >= 4 are the high ones: lanes 12..16 shifted down by 4.
+    let low = _mm_blend_epi32::<0b1000>(low, _mm_srli_epi16::<4>(low));
+    let low = _mm_and_si128(
+        low,
+        _mm_setr_epi8(
+            63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15,
+        ),
+    );
+    // The top 2 bits of s0..4 (scales) and s4..8 (mins) of j >= 4, as bits 4 and 5.
+    let top = _mm_shuffle_epi8(
+        v,
+        _mm_setr_epi8(Z, Z, Z, Z, 0, 1, 2, 3, Z, Z, Z, Z, 4, 5, 6, 7),
+    );
+    let top = _mm_and_si128(_mm_srli_epi16::<2>(top), _mm_set1_epi8(0x30));
+    _mm256_cvtepu8_epi16(_mm_or_si128(low, top))
 }
 
 /// Broadcast the i16 lane `k` (0..8) of each 128-bit half.
@@ -256,3 +262,42 @@ row_kernel!(q4_k_rows, q4_k_nt, 256, 144, Q8K_BYTES);
 row_kernel!(q5_k_rows, q5_k_nt, 256, 176, Q8K_BYTES);
 row_kernel!(q6_k_rows, q6_k_impl, 256, 210, Q8K_BYTES);
 row_kernel!(iq4_xs_rows, iq4_xs_impl, 256, 136, Q8K_BYTES);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dequant::scale_min_k4;
+
+    #[test]
+    fn vector_scale_decode_is_ggmls() {
+        if !crate::Isa::Avx2.is_available() {
+            eprintln!("no AVX2 on this CPU: nothing to check");
+            return;
+        }
+        // Every byte value in every position of the 12 (and 4 bytes past them, ignored).
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        for case in 0..4096 {
+            let mut b = [0u8; 16];
+            for (i, v) in b.iter_mut().enumerate() {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                *v = if case < 256 {
+                    (case + 37 * i) as u8
+                } else {
+                    (state >> 56) as u8
+                };
+            }
+            #[target_feature(enable = "avx2")]
+            unsafe fn decode(p: *const u8) -> [i16; 16] {
+                std::mem::transmute(k4_scales_mins(p))
+            }
+            // SAFETY: AVX2 checked above; 16 bytes readable.
+            let got = unsafe { decode(b.as_ptr()) };
+            for j in 0..8 {
+                let (sc, m) = scale_min_k4(j, &b[..12]);
+                assert_eq!((got[j], got[8 + j]), (sc as i16, m as i16), "{b:?} j={j}");
+            }
+        }
+    }
+}

@@ -37,10 +37,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 struct Job<'a> {
     run: &'a (dyn Fn(usize) + Sync),
     n: usize,
-    /// Indices taken at a time: a few claims a thread (each claim and each thread's count of
-    /// finished indices is one contended atomic).
-    chunk: usize,
-    /// The next index to take (grows past `n` once every index is taken).
+    /// Threads that may take indices: a claim takes `1 / (2 * threads)` of the indices left
+    /// (guided scheduling: large claims first, single indices at the end, so no thread is
+    /// still on a large claim when the others run out; each claim and each thread's count
+    /// of finished indices is one contended atomic).
+    threads: usize,
+    /// The next index to take (reaches `n` once every index is taken).
     next: AtomicUsize,
     /// Indices finished.
     done: AtomicUsize,
@@ -137,7 +139,7 @@ pub(crate) fn for_each(n: usize, f: &(dyn Fn(usize) + Sync)) -> bool {
     let job = Job {
         run: f,
         n,
-        chunk: (n / (4 * threads)).max(1),
+        threads,
         next: AtomicUsize::new(0),
         done: AtomicUsize::new(0),
         panic: Mutex::new(None),
@@ -197,21 +199,25 @@ pub fn par_map<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync + Send) -> Vec<T
     unsafe { Vec::from_raw_parts(out.as_mut_ptr() as *mut T, n, out.capacity()) }
 }
 
-/// Take indices of `job`, a few at a time, until none is left; count them done once.
+/// Take indices of `job`, a share of those left at a time, until none is left; count them
+/// done once.
 fn work(job: &Job) {
     let mut finished = 0;
-    loop {
-        let i0 = job.next.fetch_add(job.chunk, SeqCst);
-        if i0 >= job.n {
-            break;
+    let mut i0 = job.next.load(SeqCst);
+    while i0 < job.n {
+        let c = ((job.n - i0) / (2 * job.threads)).max(1);
+        if let Err(now) = job.next.compare_exchange_weak(i0, i0 + c, SeqCst, SeqCst) {
+            i0 = now;
+            continue;
         }
-        for i in i0..(i0 + job.chunk).min(job.n) {
+        for i in i0..i0 + c {
             if let Err(p) = catch_unwind(AssertUnwindSafe(|| (job.run)(i))) {
                 let mut first = job.panic.lock().unwrap_or_else(|e| e.into_inner());
                 first.get_or_insert(p);
             }
             finished += 1;
         }
+        i0 = job.next.load(SeqCst);
     }
     if finished > 0 {
         job.done.fetch_add(finished, SeqCst);

@@ -24,7 +24,7 @@ const Q8K_BYTES: usize = 292;
 /// j >= 4 `sc_j = (s_{j+4} & 15) | (s_{j-4} >> 6) << 4`, `m_j = (s_{j+4} >> 4) | (s_j >> 6) << 4`.
 /// In vector lanes (9 instructions where ggml's scalar form takes ~20 and 4 inserts).
 #[inline(always)]
-unsafe fn k4_scales_mins(p: *const u8) -> __m256i {
+pub(super) unsafe fn k4_scales_mins(p: *const u8) -> __m256i {
     const Z: i8 = -1; // pshufb: a zero byte
     let v = _mm_loadu_si128(p as *const __m128i);
     // [s0..4, s8..12, s4..8, s8..12]: the low 6 bits (j < 4) or the nibbles (j >= 4).

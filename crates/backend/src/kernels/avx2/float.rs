@@ -2,7 +2,7 @@
 //! float type by [`crate::ActType`]).
 
 use super::row_kernel;
-use super::util::hsum_ps;
+use super::util::{hsum_ps, prefetch_ahead};
 use std::arch::x86_64::*;
 
 const F32: u8 = 0;
@@ -42,7 +42,9 @@ unsafe fn float_nt<const NT: usize, const KIND: u8>(
 ) {
     let mut acc = [[_mm256_setzero_ps(); 2]; NT];
     let mut i = 0;
+    let w_bytes = if KIND == F32 { 4 } else { 2 };
     while i + 16 <= n {
+        prefetch_ahead::<1>(w.add(i * w_bytes));
         let w0 = load_w::<KIND>(w, i);
         let w1 = load_w::<KIND>(w, i + 8);
         for (t, acc) in acc.iter_mut().enumerate() {

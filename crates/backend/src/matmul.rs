@@ -232,8 +232,6 @@ struct Plan<'a> {
     a_stride: usize,
     n_tokens: usize,
     token_block: usize,
-    /// Rows per tile: [`ROW_TILE_FEW`] or [`ROW_TILE`].
-    row_tile: usize,
     n_row_tiles: usize,
     n_tiles: usize,
     k_chunk: usize,
@@ -269,7 +267,8 @@ impl<'a> Plan<'a> {
         } else {
             TOKEN_BLOCK
         };
-        let row_tile = if n_tokens <= GROUP {
+        // As `run_tile` picks its `RT`.
+        let row_tile = if token_block <= GROUP {
             ROW_TILE_FEW
         } else {
             ROW_TILE
@@ -291,7 +290,6 @@ impl<'a> Plan<'a> {
             a_stride: act.row_bytes(w.cols),
             n_tokens,
             token_block,
-            row_tile,
             n_row_tiles,
             n_tiles,
             k_chunk: k_chunk(w, act),
@@ -307,7 +305,8 @@ impl<'a> Plan<'a> {
         }
     }
 
-    /// Tile `i` with `TB >= token_block` accumulator columns and `RT == row_tile` rows.
+    /// Tile `i` with `TB >= token_block` accumulator columns and `RT` rows (the row tile
+    /// `new` counted tiles with).
     fn tile<const TB: usize, const RT: usize>(&self, i: usize) {
         let w = self.w;
         let act = act_type(w);
@@ -322,7 +321,6 @@ impl<'a> Plan<'a> {
             tb * self.token_block,
             ((tb + 1) * self.token_block).min(self.n_tokens),
         );
-        debug_assert_eq!(RT, self.row_tile);
         let (r0, r1) = (rt * RT, ((rt + 1) * RT).min(w.rows));
         // acc[(r - r0) * TB + (t - t0)]
         let mut acc = [[0f32; TB]; RT];

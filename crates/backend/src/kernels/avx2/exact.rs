@@ -49,12 +49,12 @@ unsafe fn q4_k_exact_nt<const NT: usize>(
     out: *mut f32,
 ) {
     let m4 = _mm256_set1_epi8(0x0F);
+    let lanes = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(v));
     let mut acc = [[_mm256_setzero_ps(); 2]; NT];
     for ib in 0..nb {
         let x = w.add(ib * 144);
         let dm = f16x2_at(x);
         let sm = k4_scales_mins(x.add(4));
-        let lanes = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(v));
         let dl_all = _mm256_mul_ps(_mm256_broadcastss_ps(dm), lanes(_mm256_castsi256_si128(sm)));
         let ml_all = _mm256_mul_ps(
             _mm256_broadcastss_ps(_mm_movehdup_ps(dm)),
